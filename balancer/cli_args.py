@@ -1,0 +1,59 @@
+"""The workload and layout flags shared by ``tools/bench.py``, ``python -m balancer report`` and
+``precompute`` (a stable interface: extend, never rename)."""
+from __future__ import annotations
+
+import argparse
+
+from . import strategies
+from .config import Layout, PlannerConfig
+from .cost import CostModel, load_cost_model
+
+DEFAULT_STRATEGIES = ("sequential", "ffd_tokens", "kk_tokens", "balanced")
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | None = None) -> None:
+    g = p.add_argument_group("workload and layout")
+    g.add_argument("--lengths", default=default_workload,
+                   help="int lengths, one per sample: a .npy file or a workload name "
+                        "(wikipedia, wlbllm, prolong, bimodal-sft, ...)")
+    g.add_argument("--samples", type=int, default=None,
+                   help="resample (seeded, with replacement) to this many samples")
+    g.add_argument("--capacity", type=int, default=None, help="tokens per microbatch")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel ranks")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    g.add_argument("--cp", type=int, default=1, help="context-parallel ranks")
+    g.add_argument("--microbatches", type=int, default=1, help="microbatches per DP rank per step")
+    g.add_argument("--global-batch-tokens", type=int, default=None,
+                   help="tokens per step (default dp x microbatches x capacity)")
+    g.add_argument("--global-batch-samples", type=int, default=None,
+                   help="samples per step instead of a token budget")
+    g.add_argument("--cost-model", default="quadratic-64k",
+                   help="built-in name (quadratic-64k), preset in configs/models, or a YAML file")
+    g.add_argument("--over-length", choices=("error", "chunk"), default="error",
+                   help="samples longer than the capacity: raise, or cut into pieces")
+    g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
+    g.add_argument("--tail", choices=("partial", "carry", "drop"), default="partial",
+                   help="samples left at the end of an epoch")
+    g.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help=f"comma-separated strategy names ({', '.join(strategies.names())})")
+    g.add_argument("--seed", type=int, default=0, help="shuffle seed")
+
+
+def parse_strategies(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    for s in names:
+        strategies.get(s)
+    if not names:
+        raise SystemExit("--strategies: give at least one strategy")
+    return names
+
+
+def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
+    cost = load_cost_model(args.cost_model)
+    capacity = args.capacity if args.capacity is not None else cost.capacity(args.cp, args.pp)
+    layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
+                    capacity=capacity)
+    config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
+                           global_batch_samples=args.global_batch_samples,
+                           max_delay=args.max_delay, over_length=args.over_length, tail=args.tail)
+    return cost, layout, config

@@ -1,0 +1,66 @@
+"""Frozen, validated configuration: the parallel layout and the planner's policy knobs.
+Unknown keys are errors, so a typo in a YAML file never silently falls back to a default."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Layout(BaseModel):
+    """How one training step is spread over GPUs."""
+
+    model_config = _FROZEN
+    dp: int = Field(1, ge=1, description="data-parallel replicas (each runs its own microbatches)")
+    pp: int = Field(1, ge=1, description="pipeline stages; every microbatch visits all of them")
+    cp: int = Field(1, ge=1, description="context-parallel ranks sharing one microbatch")
+    microbatches: int = Field(1, ge=1, description="microbatches per DP rank per step")
+    capacity: int = Field(gt=0, description="tokens per microbatch (whole CP group, CP padding "
+                                            "included)")
+
+    @property
+    def microbatches_per_step(self) -> int:
+        return self.dp * self.microbatches
+
+
+class PlannerConfig(BaseModel):
+    """Policy of the step planner."""
+
+    model_config = _FROZEN
+    strategy: str = Field("balanced", description="packing strategy name (see strategies)")
+    seed: int = Field(0, description="seed of the per-epoch shuffle")
+    shuffle: bool = Field(True, description="shuffle samples each epoch (seed, epoch)")
+    global_batch_tokens: Optional[int] = Field(
+        None, gt=0, description="tokens taken per step; default dp x microbatches x capacity")
+    global_batch_samples: Optional[int] = Field(
+        None, gt=0, description="samples taken per step instead of a token budget")
+    max_delay: int = Field(4, ge=1, description="most steps a sample may wait after it is read")
+    over_length: Literal["error", "chunk"] = Field(
+        "error", description="samples longer than the capacity: raise, or cut into "
+                             "capacity-sized pieces (counted)")
+    tail: Literal["partial", "carry", "drop"] = Field(
+        "partial", description="samples left at the end of an epoch: a smaller final step, "
+                               "carried into the next epoch, or dropped (counted)")
+    balance: Literal["auto", "microbatch", "rank"] = Field(
+        "auto", description="what `balanced` equalises: every microbatch (needed with pp > 1), "
+                            "or only per-rank sums; auto picks microbatch when pp > 1 or dp == 1")
+    lookahead: bool = Field(True, description="let the outlier scheduler see arriving samples")
+    lump_tolerance: float = Field(0.02, gt=0, description="excess cost, as a fraction of a "
+                                  "unit's typical cost, above which a sample is scheduled")
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if self.global_batch_tokens is not None and self.global_batch_samples is not None:
+            raise ValueError("give global_batch_tokens or global_batch_samples, not both")
+        return self
+
+
+def load_yaml(path) -> dict:
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return doc

@@ -1,0 +1,252 @@
+"""Cost models: forward and backward cost of documents and packed microbatches.
+
+A pass over a packed microbatch with documents of lengths ``L_d`` costs
+``sum_d (a * L_d**2 + b * L_d) + c``: ``a`` carries causal attention (quadratic in each
+document, never across documents), ``b`` everything linear in tokens (GEMMs, norms, the LM head),
+``c`` a per-microbatch constant (kernel launches, pipeline send/recv). Forward and backward have
+their own coefficients because their ratio differs between the linear part (~2x) and attention
+(~2.5x); full activation recompute adds one more forward to the backward.
+
+Models come from a :class:`ModelSpec` (analytic FLOPs), from fitted coefficients, or by name:
+the built-in ``quadratic-64k`` (forward ``L + L^2/65536``, backward twice that) or a YAML preset
+in ``configs/models/``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from packing.validate import as_sizes
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class PassCost(BaseModel):
+    """Coefficients of one pass: ``a * L^2 + b * L`` per document plus ``c`` per microbatch."""
+
+    model_config = _FROZEN
+    a: float = Field(0.0, ge=0, description="quadratic (attention) cost per squared token")
+    b: float = Field(0.0, ge=0, description="linear cost per token")
+    c: float = Field(0.0, ge=0, description="fixed cost per microbatch")
+
+    def doc(self, lengths: np.ndarray) -> np.ndarray:
+        lf = lengths.astype(np.float64)
+        return self.a * lf * lf + self.b * lf
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer, enough to count its FLOPs and activation memory."""
+
+    model_config = _FROZEN
+    hidden: int = Field(gt=0, description="model width d_model")
+    layers: int = Field(gt=0, description="number of transformer blocks")
+    heads: int = Field(gt=0, description="attention (query) heads")
+    kv_heads: Optional[int] = Field(None, gt=0, description="key/value heads (GQA); default heads")
+    ffn: int = Field(gt=0, description="MLP inner width")
+    vocab: int = Field(gt=0, description="vocabulary size (LM head)")
+    head_dim: Optional[int] = Field(None, gt=0, description="per-head width; default hidden/heads")
+    gated_mlp: bool = Field(True, description="SwiGLU-style MLP with 3 matrices instead of 2")
+
+    @model_validator(mode="after")
+    def _check(self):
+        kv = self.kv_heads or self.heads
+        if self.heads % kv:
+            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {kv}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        return self
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def matmul_params(self) -> int:
+        """Parameters that multiply every token: attention and MLP weights of all layers plus
+        the LM head (embedding lookups cost no FLOPs)."""
+        h, hd = self.hidden, self.hd
+        kv = self.kv_heads or self.heads
+        attn = h * self.heads * hd * 2 + h * kv * hd * 2  # q, o ; k, v
+        mlp = (3 if self.gated_mlp else 2) * h * self.ffn
+        return self.layers * (attn + mlp) + h * self.vocab
+
+    def linear_flops_per_token(self) -> float:
+        """Forward FLOPs per token of all matrix multiplies: 2 per parameter."""
+        return 2.0 * self.matmul_params()
+
+    def attention_flops_coeff(self) -> float:
+        """Forward causal attention FLOPs per squared document length: QK^T and PV are
+        ``4 * L^2 * heads * head_dim`` per layer, halved by the causal mask."""
+        return self.layers * 4.0 * self.heads * self.hd / 2.0
+
+    def activation_bytes_per_token(self, recompute: bool, bytes_per_value: int = 2) -> float:
+        """Activation memory per token with flash attention (Korthikanti et al. 2022, the
+        ``34 s b h`` term without the ``5 a s^2 b`` one), or only the layer inputs with full
+        recompute."""
+        per_layer = (2.0 if recompute else 34.0) * self.hidden * bytes_per_value / 2.0
+        return self.layers * per_layer
+
+
+class MemoryModel(BaseModel):
+    """Memory of one GPU holding the whole model: ``fixed_bytes + bytes_per_token * tokens`` must
+    fit ``device_bytes``; with pp stages each GPU holds 1/pp of both, with cp ranks 1/cp of the
+    tokens."""
+
+    model_config = _FROZEN
+    bytes_per_token: float = Field(gt=0, description="activation bytes per token on one GPU")
+    fixed_bytes: float = Field(0.0, ge=0, description="weights, gradients, optimizer state")
+    device_bytes: float = Field(80e9, gt=0, description="usable device memory")
+
+    def capacity(self, cp: int = 1, pp: int = 1) -> int:
+        """Largest microbatch in tokens (whole CP group) that fits on every GPU."""
+        free = self.device_bytes - self.fixed_bytes / pp
+        if free <= 0:
+            raise ValueError(f"fixed memory {self.fixed_bytes / pp:.3g} B per stage exceeds the "
+                             f"device {self.device_bytes:.3g} B")
+        return int(free // (self.bytes_per_token / pp)) * int(cp)
+
+
+class CostModel(BaseModel):
+    """Forward/backward cost of documents and microbatches, and the memory that bounds them."""
+
+    model_config = _FROZEN
+    name: str = Field("custom", description="preset name or a label for reports")
+    unit: Literal["flops", "seconds", "tokens"] = Field("flops", description="unit of costs")
+    forward: PassCost = Field(description="forward pass coefficients")
+    backward: PassCost = Field(description="backward pass coefficients (without recompute)")
+    recompute: bool = Field(False, description="full activation recompute: backward += forward")
+    memory: Optional[MemoryModel] = Field(None, description="memory model giving the capacity")
+    flops_per_second: Optional[float] = Field(
+        None, gt=0, description="achieved FLOP/s, to turn FLOP costs into seconds")
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def doc_costs(self, lengths) -> tuple[np.ndarray, np.ndarray]:
+        """Per-document ``(forward, backward)`` costs (float64[n]), without the per-microbatch
+        constant; backward includes the recompute forward when enabled."""
+        lengths = as_sizes(lengths)
+        fwd = self.forward.doc(lengths)
+        bwd = self.backward.doc(lengths)
+        if self.recompute:
+            bwd = bwd + fwd
+        return fwd, bwd
+
+    def doc_total(self, lengths) -> np.ndarray:
+        """Forward plus backward cost per document: what the planner balances."""
+        f, b = self.doc_costs(lengths)
+        f += b
+        return f
+
+    @property
+    def microbatch_constant(self) -> tuple[float, float]:
+        c_b = self.backward.c + (self.forward.c if self.recompute else 0.0)
+        return self.forward.c, c_b
+
+    def microbatch_cost(self, lengths) -> tuple[float, float]:
+        """``(forward, backward)`` of one packed microbatch with these document lengths."""
+        f, b = self.doc_costs(lengths)
+        cf, cb = self.microbatch_constant
+        return float(f.sum() + cf), float(b.sum() + cb)
+
+    def capacity(self, cp: int = 1, pp: int = 1) -> int:
+        if self.memory is None:
+            raise ValueError(f"cost model {self.name!r} has no memory model; give --capacity")
+        return self.memory.capacity(cp, pp)
+
+    def seconds(self, cost):
+        """Costs in seconds when the model knows its throughput, otherwise unchanged."""
+        if self.unit == "flops" and self.flops_per_second:
+            return np.asarray(cost) / self.flops_per_second
+        return cost
+
+    # ---- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_model(cls, spec: ModelSpec, *, name: str = "analytic", recompute: bool = False,
+                   attn_backward_ratio: float = 2.5, linear_backward_ratio: float = 2.0,
+                   device_bytes: float = 80e9, fixed_bytes: Optional[float] = None,
+                   flops_per_second: Optional[float] = None) -> "CostModel":
+        """Analytic FLOPs and memory of one full model (a pipeline stage costs 1/pp of it)."""
+        lin = spec.linear_flops_per_token()
+        att = spec.attention_flops_coeff()
+        if fixed_bytes is None:  # bf16 weights + grads; optimizer state sharded (ZeRO)
+            fixed_bytes = 4.0 * (spec.matmul_params() + spec.hidden * spec.vocab)
+        mem = MemoryModel(bytes_per_token=spec.activation_bytes_per_token(recompute),
+                          fixed_bytes=fixed_bytes, device_bytes=device_bytes)
+        return cls(name=name, unit="flops",
+                   forward=PassCost(a=att, b=lin),
+                   backward=PassCost(a=att * attn_backward_ratio, b=lin * linear_backward_ratio),
+                   recompute=recompute, memory=mem, flops_per_second=flops_per_second)
+
+    @classmethod
+    def quadratic(cls, scale: int = 65536, backward_ratio: float = 2.0) -> "CostModel":
+        """Forward ``L + L^2/scale`` per document, backward ``backward_ratio`` times that."""
+        return cls(name=f"quadratic-{scale // 1024}k", unit="tokens",
+                   forward=PassCost(a=1.0 / scale, b=1.0),
+                   backward=PassCost(a=backward_ratio / scale, b=backward_ratio))
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> "CostModel":
+        """A preset file: either fitted coefficients (``forward``/``backward`` with a, b, c) or
+        ``model:`` (a :class:`ModelSpec`) plus options of :meth:`from_model`."""
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: a cost preset must be a mapping, got {type(doc).__name__}")
+        doc.setdefault("name", Path(path).stem)
+        if "model" in doc:
+            opts = dict(doc)
+            spec = ModelSpec(**opts.pop("model"))
+            allowed = {"name", "recompute", "attn_backward_ratio", "linear_backward_ratio",
+                       "device_bytes", "fixed_bytes", "flops_per_second", "description"}
+            unknown = set(opts) - allowed
+            if unknown:
+                raise ValueError(f"{path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
+            opts.pop("description", None)
+            return cls.from_model(spec, **opts)
+        doc.pop("description", None)
+        return cls(**doc)
+
+
+def config_dir() -> Path:
+    """Directory of YAML presets: ``$BALANCER_CONFIG_DIR`` or the repository's ``configs/``."""
+    env = os.environ.get("BALANCER_CONFIG_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "configs"
+
+
+BUILTIN = {"quadratic-64k": lambda: CostModel.quadratic(65536)}
+
+
+def available_presets() -> list[str]:
+    d = config_dir() / "models"
+    files = sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return sorted(set(BUILTIN) | set(files))
+
+
+def load_cost_model(name_or_path: str) -> CostModel:
+    """A built-in name, a preset name from ``configs/models``, or a path to a YAML file."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]()
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return CostModel.from_yaml(p)
+    preset = config_dir() / "models" / f"{name_or_path}.yaml"
+    if preset.is_file():
+        return CostModel.from_yaml(preset)
+    raise ValueError(f"unknown cost model {name_or_path!r}: not a YAML file and not one of "
+                     f"{available_presets()}")
+
+
+def analytic_training_flops(spec: ModelSpec, lengths) -> float:
+    """``6 N T + attention`` (attention forward plus 2.5x backward): the standard count."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    att = spec.attention_flops_coeff() * float((lengths ** 2).sum())
+    return 6.0 * spec.matmul_params() * float(lengths.sum()) + 3.5 * att
+
+
+__all__ = ["CostModel", "MemoryModel", "ModelSpec", "PassCost", "analytic_training_flops",
+           "available_presets", "config_dir", "load_cost_model"]

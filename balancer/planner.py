@@ -1,0 +1,214 @@
+"""The step planner: samples -> deterministic epoch order -> items (chunks of over-long samples)
+-> costs -> a strategy's packing -> a :class:`Plan` (step -> DP rank -> microbatch -> samples).
+
+Everything is a pure function of (lengths, cost model, layout, config, epoch, carried-in items):
+every process that calls :func:`plan_epoch` with the same inputs gets a bit-identical plan, with
+no communication.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from . import strategies
+from .config import Layout, PlannerConfig
+from .cost import CostModel
+from .samples import SampleTable
+
+
+@dataclass(frozen=True)
+class Items:
+    """Units the packer places: whole samples, or capacity-sized pieces of over-long ones.
+    ``start`` is the token offset of the piece inside its sample."""
+
+    sample: np.ndarray  # int64[k]
+    start: np.ndarray   # int64[k]
+    length: np.ndarray  # int64[k]
+
+    def __len__(self):
+        return int(self.sample.shape[0])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's packing, in CSR arrays (see ``packing.stream``):
+
+    * ``entry_sample``/``entry_start``/``entry_length`` (int64[E]): the documents of every
+      microbatch, grouped by microbatch; ``entry_start`` is non-zero only for chunk pieces;
+    * ``entry_delay`` (int32[E]): steps each document waited after the planner read it;
+    * ``mb_offsets`` (int64[M + 1]) and ``step_mbs`` (int64[S], microbatches per rank);
+      microbatches are step-major, then rank-major, then in pipeline order;
+    * ``mb_fwd``/``mb_bwd`` (float64[M]): predicted cost of every microbatch (whole model, whole
+      CP group; divide by pp for a stage and by cp for a CP rank);
+    * ``leftover`` (:class:`Items`): pieces not placed (``tail`` carry or drop).
+    """
+
+    layout: Layout
+    config: PlannerConfig
+    cost_model: str
+    epoch: int
+    n_samples: int
+    dataset_fingerprint: str
+    entry_sample: np.ndarray
+    entry_start: np.ndarray
+    entry_length: np.ndarray
+    entry_delay: np.ndarray
+    mb_offsets: np.ndarray
+    step_mbs: np.ndarray
+    mb_fwd: np.ndarray
+    mb_bwd: np.ndarray
+    leftover: Items
+    stats: dict = field(default_factory=dict)
+
+    # ---- shape ----------------------------------------------------------------------------
+    @property
+    def n_steps(self) -> int:
+        return int(self.step_mbs.shape[0])
+
+    @property
+    def n_microbatches(self) -> int:
+        return int(self.mb_offsets.shape[0] - 1)
+
+    @property
+    def step_offsets(self) -> np.ndarray:
+        """int64[S + 1]: microbatches of step s are ``step_offsets[s]:step_offsets[s + 1]``."""
+        out = np.zeros(self.n_steps + 1, dtype=np.int64)
+        np.cumsum(self.step_mbs * self.layout.dp, out=out[1:])
+        return out
+
+    def microbatch_ids(self, step: int, rank: int) -> np.ndarray:
+        """Microbatch indices of DP ``rank`` in ``step``, in pipeline order."""
+        if not 0 <= rank < self.layout.dp:
+            raise ValueError(f"rank {rank} is outside 0..{self.layout.dp - 1}")
+        start = int(self.step_offsets[step])
+        m = int(self.step_mbs[step])
+        return np.arange(start + rank * m, start + (rank + 1) * m)
+
+    def entries(self, mb: int) -> slice:
+        return slice(int(self.mb_offsets[mb]), int(self.mb_offsets[mb + 1]))
+
+    def microbatch_samples(self, mb: int) -> np.ndarray:
+        return self.entry_sample[self.entries(mb)]
+
+    def mb_tokens(self) -> np.ndarray:
+        """Tokens (unpadded) per microbatch, int64[M]."""
+        if self.n_microbatches == 0:
+            return np.zeros(0, np.int64)
+        return np.add.reduceat(self.entry_length, self.mb_offsets[:-1])
+
+    def fingerprint(self) -> str:
+        """SHA-256 over the layout, config and every array: equal on every rank or the ranks
+        are training on different plans."""
+        h = hashlib.sha256()
+        h.update(self.layout.model_dump_json().encode())
+        h.update(self.config.model_dump_json().encode())
+        h.update(f"{self.cost_model}|{self.epoch}|{self.n_samples}|{self.dataset_fingerprint}".encode())
+        for a in (self.entry_sample, self.entry_start, self.entry_length, self.mb_offsets,
+                  self.step_mbs, self.leftover.sample, self.leftover.start, self.leftover.length):
+            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        return h.hexdigest()[:16]
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The training order of samples in an epoch: a permutation from (seed, epoch) alone."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n).astype(np.int64)
+
+
+def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
+               over_length: str) -> tuple[Items, dict]:
+    """Items in stream order. A sample whose padded size exceeds the capacity raises (policy
+    ``error``) or is cut into pieces of the largest size that fits (``chunk``)."""
+    ordered = lengths[order]
+    unit = 2 * cp if cp > 1 else 1
+    max_piece = (capacity // unit) * unit  # padded pieces must still fit
+    if max_piece <= 0:
+        raise ValueError(f"capacity {capacity} is smaller than one CP chunk ({unit} tokens)")
+    too_long = ordered > max_piece
+    stats = {"samples_chunked": 0, "pieces_added": 0}
+    if not too_long.any():
+        return Items(order, np.zeros(order.shape[0], np.int64), ordered.astype(np.int64)), stats
+    if over_length == "error":
+        k = int(np.flatnonzero(too_long)[0])
+        limit = f"the capacity {capacity}" + (f" (padded to a multiple of {unit} for cp={cp})"
+                                              if cp > 1 else "")
+        raise ValueError(f"sample {int(order[k])}: length {int(ordered[k])} exceeds {limit}; "
+                         f"use over_length='chunk' to cut it into pieces")
+    reps = np.where(too_long, -(-ordered // max_piece), 1)
+    total = int(reps.sum())
+    first = np.cumsum(reps) - reps
+    sample = np.repeat(order, reps)
+    piece = np.arange(total, dtype=np.int64) - np.repeat(first, reps)
+    start = piece * max_piece
+    length = np.minimum(np.repeat(ordered, reps) - start, max_piece)
+    stats = {"samples_chunked": int(too_long.sum()), "pieces_added": int(total - order.shape[0])}
+    return Items(sample, start, length), stats
+
+
+def padded_sizes(length: np.ndarray, cp: int) -> np.ndarray:
+    """Tokens an item occupies in a microbatch: padded to a multiple of 2*cp under CP."""
+    if cp <= 1:
+        return length
+    unit = 2 * cp
+    return -(-length // unit) * unit
+
+
+def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
+               config: Optional[PlannerConfig] = None, epoch: int = 0,
+               carry_in: Optional[Items] = None) -> Plan:
+    """Plan one epoch. ``carry_in`` are items left over by the previous epoch (tail='carry');
+    they go first."""
+    config = config or PlannerConfig()
+    fn = strategies.get(config.strategy)
+    t0 = time.perf_counter()
+    order = epoch_order(len(samples), config.seed, epoch, config.shuffle)
+    items, stats = make_items(order, samples.lengths, layout.capacity, layout.cp,
+                              config.over_length)
+    if carry_in is not None and len(carry_in):
+        items = Items(np.concatenate([carry_in.sample, items.sample]),
+                      np.concatenate([carry_in.start, items.start]),
+                      np.concatenate([carry_in.length, items.length]))
+    stats["carried_in"] = 0 if carry_in is None else len(carry_in)
+    sizes = padded_sizes(items.length, layout.cp)
+    fwd, bwd = cost.doc_costs(items.length)
+    costs = fwd + bwd
+    if config.global_batch_samples is not None:
+        budget, weights = int(config.global_batch_samples), np.ones(len(items), np.int64)
+    else:
+        budget = int(config.global_batch_tokens or layout.dp * layout.microbatches * layout.capacity)
+        weights = None
+    sp = fn(sizes, costs, layout, config, budget, weights)
+    e = sp.entry_item
+    cf, cb = cost.microbatch_constant
+    if sp.mb_offsets.shape[0] > 1:
+        mb_fwd = np.add.reduceat(fwd[e], sp.mb_offsets[:-1]) + cf
+        mb_bwd = np.add.reduceat(bwd[e], sp.mb_offsets[:-1]) + cb
+    else:
+        mb_fwd = mb_bwd = np.zeros(0)
+    left = sp.leftover
+    leftover = Items(items.sample[left], items.start[left], items.length[left])
+    stats["dropped"] = len(leftover) if config.tail == "drop" else 0
+    stats["carried_out"] = len(leftover) if config.tail == "carry" else 0
+    stats["plan_seconds"] = time.perf_counter() - t0
+    return Plan(layout=layout, config=config, cost_model=cost.name, epoch=epoch,
+                n_samples=len(samples), dataset_fingerprint=samples.fingerprint(),
+                entry_sample=items.sample[e], entry_start=items.start[e],
+                entry_length=items.length[e], entry_delay=sp.entry_delay,
+                mb_offsets=sp.mb_offsets, step_mbs=sp.step_mbs, mb_fwd=mb_fwd, mb_bwd=mb_bwd,
+                leftover=leftover, stats=stats)
+
+
+def plan_epochs(samples: SampleTable, cost: CostModel, layout: Layout,
+                config: Optional[PlannerConfig] = None, epochs: int = 1) -> list[Plan]:
+    """Plans for epochs ``0..epochs-1``, threading the carried tail from one to the next."""
+    plans, carry = [], None
+    for e in range(epochs):
+        p = plan_epoch(samples, cost, layout, config, e, carry)
+        carry = p.leftover if (config or PlannerConfig()).tail == "carry" else None
+        plans.append(p)
+    return plans

@@ -1,0 +1,104 @@
+"""Per-sample metadata as a struct of arrays.
+
+A :class:`SampleTable` holds one int64 token length per sample, and leaves room for multimodal
+fields as CSR arrays (``mm_offsets`` int64[n + 1] into per-item arrays such as image token
+counts), filled by the multimodal loader. Tables are built from a numpy array, a ``.npy`` file,
+or a Hugging Face ``datasets.Dataset`` column read through Arrow without touching rows one by one.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packing.validate import as_sizes
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """Token length of every sample (int64[n], all >= 1), plus optional CSR multimodal fields."""
+
+    lengths: np.ndarray
+    #: optional per-sample modality items as CSR: name -> (offsets int64[n+1], values int64[k])
+    extras: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        lengths = as_sizes(self.lengths)
+        if lengths.shape[0] == 0:
+            raise ValueError("the dataset is empty: no samples to plan")
+        lengths.setflags(write=False)
+        object.__setattr__(self, "lengths", lengths)
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex, 16 chars) of the lengths: identifies the dataset a plan was made for."""
+        return hashlib.sha256(np.ascontiguousarray(self.lengths, dtype="<i8").tobytes()).hexdigest()[:16]
+
+    # ---- constructors -------------------------------------------------------------------
+    @classmethod
+    def from_array(cls, lengths) -> "SampleTable":
+        return cls(np.asarray(lengths))
+
+    @classmethod
+    def from_npy(cls, path: str | os.PathLike) -> "SampleTable":
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        return cls(np.asarray(arr))
+
+    @classmethod
+    def from_dataset(cls, ds, length_column: str | None = "length",
+                     tokens_column: str | None = None, num_proc: int | None = None) -> "SampleTable":
+        """Lengths from a ``datasets.Dataset``: the integer column ``length_column`` read
+        zero-copy from Arrow, or, when only token ids exist, computed with a batched
+        ``map(num_proc=...)`` over ``tokens_column`` (list lengths from the Arrow offsets)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if length_column and length_column in ds.column_names:
+            col = ds.data.table.column(length_column) if ds._indices is None else \
+                ds.with_format("arrow")[length_column]
+            return cls(_arrow_to_numpy(col))
+        if tokens_column is None:
+            candidates = [c for c in ("input_ids", "tokens", "token_ids") if c in ds.column_names]
+            if not candidates:
+                raise ValueError(
+                    f"dataset has neither a length column {length_column!r} nor a token column "
+                    f"(columns: {ds.column_names})"
+                )
+            tokens_column = candidates[0]
+        if tokens_column not in ds.column_names:
+            raise ValueError(f"dataset has no column {tokens_column!r} (columns: {ds.column_names})")
+        name = "__balancer_length"
+
+        def _lengths(batch):
+            arr = batch[tokens_column]
+            if isinstance(arr, (pa.ChunkedArray, pa.Array)):
+                return {name: pc.list_value_length(arr).to_numpy(zero_copy_only=False)}
+            return {name: [len(x) for x in arr]}
+
+        measured = ds.with_format("arrow").map(
+            _lengths, batched=True, num_proc=num_proc, remove_columns=ds.column_names,
+            desc="measuring sample lengths",
+        )
+        return cls(_arrow_to_numpy(measured.with_format("arrow")[name]))
+
+
+def _arrow_to_numpy(col) -> np.ndarray:
+    import pyarrow as pa
+
+    if isinstance(col, pa.Table):
+        col = col.column(0)
+    if isinstance(col, pa.ChunkedArray):
+        if col.null_count:
+            i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"sample {i}: length is missing (null)")
+        chunks = [c.to_numpy(zero_copy_only=False) for c in col.chunks]
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+    return col.to_numpy(zero_copy_only=False)

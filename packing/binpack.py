@@ -1,0 +1,169 @@
+"""Capacity bin packing: next-fit (arrival order), first-fit-decreasing and best-fit-decreasing.
+
+All kernels take ``sizes`` (int64[n], every size in ``1..capacity``) and fill ``bin_of``
+(int64[n]) with the bin index of each item; they return the number of bins. FFD and BFD run in
+O(n log n): FFD keeps a max segment tree over bins (leftmost bin with enough room), BFD keeps a
+count tree over remaining-capacity values (smallest remaining capacity that still fits).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+from .validate import as_sizes, check_capacity
+
+#: Largest capacity best-fit-decreasing accepts: its index is over capacity values, so memory is
+#: 16 bytes per unit of capacity (64 MiB at this limit).
+BFD_MAX_CAPACITY = 1 << 22
+
+
+@kernel
+def _next_fit(sizes, capacity, bin_of):
+    n = sizes.shape[0]
+    b = 0
+    used = 0
+    for i in range(n):
+        if used + sizes[i] > capacity:
+            b += 1
+            used = 0
+        bin_of[i] = b
+        used += sizes[i]
+    return b + 1 if n > 0 else 0
+
+
+@kernel
+def _decreasing_order(sizes):
+    # stable: equal sizes keep their input order, so results do not depend on the sort algorithm
+    return np.argsort(-sizes, kind="mergesort")
+
+
+@kernel
+def _ffd(sizes, capacity, bin_of):
+    n = sizes.shape[0]
+    if n == 0:
+        return 0
+    order = _decreasing_order(sizes)
+    p = 1
+    while p < n:
+        p *= 2
+    tree = np.empty(2 * p, dtype=np.int64)  # max remaining capacity in each subtree of bins
+    tree[:] = capacity
+    n_bins = 0
+    for k in range(n):
+        i = order[k]
+        s = sizes[i]
+        node = 1
+        while node < p:  # leftmost bin with remaining >= s; an unopened bin always qualifies
+            node = 2 * node if tree[2 * node] >= s else 2 * node + 1
+        b = node - p
+        bin_of[i] = b
+        if b + 1 > n_bins:
+            n_bins = b + 1
+        tree[node] -= s
+        node //= 2
+        while node >= 1:
+            left = tree[2 * node]
+            right = tree[2 * node + 1]
+            tree[node] = left if left > right else right
+            node //= 2
+    return n_bins
+
+
+@kernel
+def _first_at_or_after(tree, p, s):
+    """Smallest value index >= s whose count is positive, or -1 (count tree of size 2p)."""
+    i = s + p
+    if tree[i] > 0:
+        return s
+    found = False
+    while i > 1:
+        if i % 2 == 0 and tree[i + 1] > 0:
+            i = i + 1
+            found = True
+            break
+        i //= 2
+    if not found:
+        return -1
+    while i < p:
+        i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
+    return i - p
+
+
+@kernel
+def _tree_add(tree, p, v, delta):
+    i = v + p
+    while i >= 1:
+        tree[i] += delta
+        i //= 2
+
+
+@kernel
+def _bfd(sizes, capacity, bin_of):
+    n = sizes.shape[0]
+    if n == 0:
+        return 0
+    order = _decreasing_order(sizes)
+    p = 1
+    while p < capacity + 1:
+        p *= 2
+    tree = np.zeros(2 * p, dtype=np.int32)  # number of open bins with each remaining capacity
+    head = np.full(capacity + 1, -1, dtype=np.int64)  # bucket of bins per remaining capacity
+    nxt = np.empty(n, dtype=np.int64)
+    n_bins = 0
+    for k in range(n):
+        i = order[k]
+        s = sizes[i]
+        r = _first_at_or_after(tree, p, s)
+        if r < 0:
+            b = n_bins
+            n_bins += 1
+            r_new = capacity - s
+        else:
+            b = head[r]
+            head[r] = nxt[b]
+            _tree_add(tree, p, r, -1)
+            r_new = r - s
+        bin_of[i] = b
+        if r_new > 0:
+            nxt[b] = head[r_new]
+            head[r_new] = b
+            _tree_add(tree, p, r_new, 1)
+    return n_bins
+
+
+def _run(kern, sizes, capacity):
+    sizes = as_sizes(sizes)
+    capacity = check_capacity(sizes, capacity)
+    bin_of = np.empty(sizes.shape[0], dtype=np.int64)
+    n_bins = int(kern(sizes, np.int64(capacity), bin_of))
+    return bin_of, n_bins
+
+
+def next_fit(sizes, capacity):
+    """Fill bins in arrival order, opening a new bin whenever the next item does not fit.
+
+    Returns ``(bin_of int64[n], n_bins)``."""
+    return _run(_next_fit, sizes, capacity)
+
+
+def first_fit_decreasing(sizes, capacity):
+    """First-fit-decreasing in O(n log n). Returns ``(bin_of int64[n], n_bins)``."""
+    return _run(_ffd, sizes, capacity)
+
+
+def best_fit_decreasing(sizes, capacity):
+    """Best-fit-decreasing in O(n log capacity). Returns ``(bin_of int64[n], n_bins)``.
+
+    Raises ValueError when ``capacity`` exceeds :data:`BFD_MAX_CAPACITY`."""
+    if int(capacity) > BFD_MAX_CAPACITY:
+        raise ValueError(
+            f"best_fit_decreasing: capacity {int(capacity)} exceeds the limit {BFD_MAX_CAPACITY}; "
+            "use first_fit_decreasing for larger capacities"
+        )
+    return _run(_bfd, sizes, capacity)
+
+
+def bins_lower_bound(sizes, capacity) -> int:
+    """``ceil(sum(sizes) / capacity)``: no packing uses fewer bins."""
+    sizes = as_sizes(sizes)
+    return int(-(-int(sizes.sum()) // int(capacity)))

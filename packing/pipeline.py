@@ -1,0 +1,132 @@
+"""Event-by-event simulation of a non-interleaved 1F1B pipeline schedule (PipeDream-Flush).
+
+Stage ``s`` runs ``min(pp - 1 - s, m)`` warm-up forwards, then alternates one forward and one
+backward, then drains the remaining backwards. A forward of microbatch ``j`` on stage ``s`` waits
+for the forward of ``j`` on stage ``s - 1``; a backward waits for the backward on stage ``s + 1``
+(or the forward on the last stage). Every op also waits for the previous op of its stage.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+
+
+@kernel
+def _stage_ops(s, pp, m, kind, mb):
+    """Fill the op order of stage s: kind 0 = forward, 1 = backward. Returns the count."""
+    warm = pp - 1 - s
+    if warm > m:
+        warm = m
+    n = 0
+    f = 0
+    b = 0
+    for _ in range(warm):
+        kind[n] = 0
+        mb[n] = f
+        f += 1
+        n += 1
+    while b < m:
+        if f < m:
+            kind[n] = 0
+            mb[n] = f
+            f += 1
+            n += 1
+        kind[n] = 1
+        mb[n] = b
+        b += 1
+        n += 1
+    return n
+
+
+@kernel
+def _simulate_1f1b(fwd, bwd, pp, busy_out):
+    """``fwd``/``bwd`` float64[m]: per-stage durations of each microbatch (the same on every
+    stage). Returns the makespan; ``busy_out[s]`` gets stage s's busy time."""
+    m = fwd.shape[0]
+    if m == 0:
+        return 0.0
+    f_end = np.full((pp, m), -1.0)
+    b_end = np.full((pp, m), -1.0)
+    kinds = np.empty((pp, 2 * m), dtype=np.int64)
+    mbs = np.empty((pp, 2 * m), dtype=np.int64)
+    nops = np.empty(pp, dtype=np.int64)
+    for s in range(pp):
+        nops[s] = _stage_ops(s, pp, m, kinds[s], mbs[s])
+    nxt = np.zeros(pp, dtype=np.int64)
+    clock = np.zeros(pp)
+    done = 0
+    total = 2 * m * pp
+    while done < total:
+        progressed = False
+        for s in range(pp):
+            while nxt[s] < nops[s]:
+                k = kinds[s, nxt[s]]
+                j = mbs[s, nxt[s]]
+                if k == 0:
+                    dep = 0.0 if s == 0 else f_end[s - 1, j]
+                    dur = fwd[j]
+                else:
+                    dep = f_end[s, j] if s == pp - 1 else b_end[s + 1, j]
+                    dur = bwd[j]
+                if dep < 0.0:
+                    break
+                start = clock[s] if clock[s] > dep else dep
+                end = start + dur
+                if k == 0:
+                    f_end[s, j] = end
+                else:
+                    b_end[s, j] = end
+                clock[s] = end
+                busy_out[s] += dur
+                nxt[s] += 1
+                done += 1
+                progressed = True
+        if not progressed:
+            return -1.0  # unreachable for a valid 1F1B order
+    mx = 0.0
+    for s in range(pp):
+        if clock[s] > mx:
+            mx = clock[s]
+    return mx
+
+
+@kernel
+def _rank_times(mb_fwd, mb_bwd, step_start, step_mbs, dp, pp, times, bubble):
+    """Per step and DP rank: 1F1B makespan (``times`` float64[S, dp]) and bubble fraction
+    (``bubble``: 1 - busy / (pp * makespan)). Stage durations are microbatch costs / pp."""
+    n_steps = step_mbs.shape[0]
+    busy = np.zeros(pp)
+    for st in range(n_steps):
+        m = step_mbs[st]
+        for r in range(dp):
+            a = step_start[st] + r * m
+            f = mb_fwd[a:a + m] / pp
+            b = mb_bwd[a:a + m] / pp
+            busy[:] = 0.0
+            t = _simulate_1f1b(f, b, pp, busy)
+            times[st, r] = t
+            bubble[st, r] = 1.0 - busy.sum() / (pp * t) if t > 0 else 0.0
+
+
+def simulate_1f1b(fwd, bwd, pp: int):
+    """Makespan and per-stage busy time of one rank's microbatches (per-stage durations)."""
+    fwd = np.ascontiguousarray(fwd, dtype=np.float64)
+    bwd = np.ascontiguousarray(bwd, dtype=np.float64)
+    busy = np.zeros(int(pp))
+    t = float(_simulate_1f1b(fwd, bwd, np.int64(pp), busy))
+    return t, busy
+
+
+def rank_step_times(mb_fwd, mb_bwd, step_mbs, dp: int, pp: int):
+    """``(times float64[S, dp], bubble float64[S, dp])`` for a whole plan."""
+    step_mbs = np.ascontiguousarray(step_mbs, dtype=np.int64)
+    step_start = np.zeros(step_mbs.shape[0], dtype=np.int64)
+    if step_mbs.shape[0] > 1:
+        np.cumsum(step_mbs[:-1] * dp, out=step_start[1:])
+    times = np.zeros((step_mbs.shape[0], dp))
+    bubble = np.zeros((step_mbs.shape[0], dp))
+    _rank_times(np.ascontiguousarray(mb_fwd, dtype=np.float64),
+                np.ascontiguousarray(mb_bwd, dtype=np.float64), step_start, step_mbs,
+                np.int64(dp), np.int64(pp), times, bubble)
+    return times, bubble

@@ -1,0 +1,130 @@
+"""Pack one step's items into ``n_units x bins_per_unit`` bins of a token capacity, balancing cost.
+
+A *unit* is what must finish at the same time: a DP rank (its bins are the rank's microbatches,
+summed by gradient accumulation) or a single microbatch (``bins_per_unit == 1``, when pipeline
+stages need every microbatch equal). Items are taken in the caller's priority order (forced
+items first, then by cost, descending: LPT) and each goes to the cheapest unit that has a bin
+with room; inside a unit an empty bin is taken first, then the fullest bin that still fits (best
+fit), which keeps packing tight. Finding the cheapest feasible unit uses a segment tree over units
+that stores the minimum cost and the maximum free room of each subtree, pruned on both, so a
+placement is O(log units) in the common case instead of a scan over all units.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+
+
+@kernel
+def _pull_up(tmin, tmax, node):
+    while node >= 1:
+        l = 2 * node
+        r = l + 1
+        tmin[node] = tmin[l] if tmin[l] <= tmin[r] else tmin[r]
+        tmax[node] = tmax[l] if tmax[l] >= tmax[r] else tmax[r]
+        node //= 2
+
+
+@kernel
+def _cheapest_unit(tmin, tmax, p, s):
+    """Unit of minimum cost (lowest index on ties) having a bin with room >= s, or -1."""
+    stack = np.empty(64, dtype=np.int64)
+    top = 0
+    stack[top] = 1
+    top += 1
+    best = np.inf
+    bu = -1
+    while top > 0:
+        top -= 1
+        node = stack[top]
+        if tmax[node] < s or tmin[node] >= best:
+            continue
+        if node >= p:
+            best = tmin[node]
+            bu = node - p
+            continue
+        l = 2 * node
+        r = l + 1
+        if tmin[l] <= tmin[r]:  # visit the cheaper child first; the left one on ties
+            stack[top] = r
+            stack[top + 1] = l
+        else:
+            stack[top] = l
+            stack[top + 1] = r
+        top += 2
+    return bu
+
+
+@kernel
+def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
+               bin_tokens, bin_cost, bin_count):
+    """Place ``order`` (item ids into ``sizes``/``costs``) into bins; ``bin_of[k]`` gets the bin
+    of ``order[k]`` (unit * bins_per_unit + j) or -1 when no bin has room. Bin arrays
+    (length n_units * bins_per_unit) must be zeroed by the caller. Returns the number placed."""
+    p = 1
+    while p < n_units:
+        p *= 2
+    tmin = np.full(2 * p, np.inf)
+    tmax = np.full(2 * p, -1, dtype=np.int64)
+    for u in range(n_units):
+        tmin[p + u] = 0.0
+        tmax[p + u] = capacity
+    for node in range(p - 1, 0, -1):
+        l = 2 * node
+        tmin[node] = min(tmin[l], tmin[l + 1])
+        tmax[node] = max(tmax[l], tmax[l + 1])
+    unit_cost = np.zeros(n_units)
+    placed = 0
+    for k in range(order.shape[0]):
+        i = order[k]
+        s = sizes[i]
+        u = _cheapest_unit(tmin, tmax, p, s)
+        if u < 0:
+            bin_of[k] = -1
+            continue
+        base = u * bins_per_unit
+        chosen = -1
+        for j in range(bins_per_unit):  # an empty bin first: every microbatch must get an item
+            if bin_count[base + j] == 0:
+                chosen = base + j
+                break
+        if chosen < 0:
+            best_room = capacity + 1
+            for j in range(bins_per_unit):
+                room = capacity - bin_tokens[base + j]
+                if room >= s and room < best_room:
+                    best_room = room
+                    chosen = base + j
+        bin_of[k] = chosen
+        bin_tokens[chosen] += s
+        bin_cost[chosen] += costs[i]
+        bin_count[chosen] += 1
+        unit_cost[u] += costs[i]
+        mx = 0
+        for j in range(bins_per_unit):
+            room = capacity - bin_tokens[base + j]
+            if room > mx:
+                mx = room
+        tmin[p + u] = unit_cost[u]
+        tmax[p + u] = mx
+        _pull_up(tmin, tmax, (p + u) // 2)
+        placed += 1
+    return placed
+
+
+def pack_step(order, sizes, costs, n_units: int, bins_per_unit: int, capacity: int):
+    """Pack items ``order`` (int64[k], priority order) into ``n_units * bins_per_unit`` bins.
+
+    ``sizes`` (int64) and ``costs`` (float64) are indexed by item id. Returns
+    ``(bin_of int64[k] with -1 for items that did not fit, bin_tokens int64[B], bin_cost
+    float64[B], bin_count int64[B])``."""
+    n_bins = int(n_units) * int(bins_per_unit)
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    bin_of = np.empty(order.shape[0], dtype=np.int64)
+    bin_tokens = np.zeros(n_bins, dtype=np.int64)
+    bin_cost = np.zeros(n_bins, dtype=np.float64)
+    bin_count = np.zeros(n_bins, dtype=np.int64)
+    _pack_step(order, sizes, costs, np.int64(n_units), np.int64(bins_per_unit), np.int64(capacity),
+               bin_of, bin_tokens, bin_cost, bin_count)
+    return bin_of, bin_tokens, bin_cost, bin_count

@@ -1,0 +1,480 @@
+"""Whole-epoch planners: turn a stream of items (in training order) into steps of
+``dp x microbatches`` packed microbatches. One function per strategy, arrays in, arrays out.
+
+Every planner returns a :class:`StreamPlan` in the same CSR layout:
+
+* ``entry_item`` int64[E]: item ids (positions in the stream) grouped by microbatch;
+* ``entry_delay`` int32[E]: steps each entry waited after the planner first read it;
+* ``mb_offsets`` int64[n_mb + 1]: entries of microbatch ``j`` are ``entry_item[mb_offsets[j]:
+  mb_offsets[j + 1]]``;
+* ``step_mbs`` int64[n_steps]: microbatches per DP rank in each step. Microbatches are stored
+  step by step, rank-major: step ``s`` rank ``r`` slot ``j`` is microbatch
+  ``step_start[s] + r * step_mbs[s] + j`` with ``step_start = cumsum(dp * step_mbs)``;
+* ``leftover`` int64[L]: items not emitted (only with ``tail="carry"`` or ``"drop"``).
+
+Every microbatch holds at least one item and at most ``capacity`` tokens; every DP rank has the
+same number of microbatches in a step; every item appears exactly once in ``entry_item`` or
+``leftover``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .binpack import _ffd, _next_fit
+from .delay import schedule_lumps
+from .partition import balanced_equal, kk, kk_equal, lpt_equal
+from .steppack import pack_step
+
+TAILS = ("partial", "carry", "drop")
+
+
+class StreamPlan(NamedTuple):
+    entry_item: np.ndarray
+    entry_delay: np.ndarray
+    mb_offsets: np.ndarray
+    step_mbs: np.ndarray
+    leftover: np.ndarray
+
+
+class _Builder:
+    """Appends steps into preallocated arrays (no per-step Python lists of entries)."""
+
+    def __init__(self, n_items: int, dp: int):
+        self.entry_item = np.empty(n_items, dtype=np.int64)
+        self.entry_delay = np.empty(n_items, dtype=np.int32)
+        self.n = 0
+        self.dp = dp
+        self.mb_counts: list[np.ndarray] = []
+        self.step_mbs: list[int] = []
+
+    def emit(self, items: np.ndarray, mb_counts: np.ndarray, delays: np.ndarray) -> None:
+        """``items`` grouped by microbatch in final (rank-major) order, ``mb_counts`` per
+        microbatch (length dp * m)."""
+        k = items.shape[0]
+        assert mb_counts.shape[0] % self.dp == 0 and (mb_counts > 0).all()
+        self.entry_item[self.n:self.n + k] = items
+        self.entry_delay[self.n:self.n + k] = delays
+        self.n += k
+        self.mb_counts.append(np.asarray(mb_counts, dtype=np.int64))
+        self.step_mbs.append(mb_counts.shape[0] // self.dp)
+
+    def pop(self):
+        """Remove the last step; returns its items and delays."""
+        counts = self.mb_counts.pop()
+        self.step_mbs.pop()
+        k = int(counts.sum())
+        self.n -= k
+        return self.entry_item[self.n:self.n + k].copy(), self.entry_delay[self.n:self.n + k].copy()
+
+    def finish(self, leftover: np.ndarray) -> StreamPlan:
+        counts = np.concatenate(self.mb_counts) if self.mb_counts else np.zeros(0, np.int64)
+        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return StreamPlan(self.entry_item[:self.n], self.entry_delay[:self.n], offsets,
+                          np.asarray(self.step_mbs, dtype=np.int64),
+                          np.asarray(leftover, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# shared step assembly
+
+
+def _fill_empty_bins(bin_of, costs_k, bin_count):
+    """Give every empty bin one item: the cheapest item of any bin holding two or more. Only
+    needed when few items remain or one huge item made a rank skip its other microbatches."""
+    empty = np.flatnonzero(bin_count == 0)
+    for b in empty:
+        donors = bin_count[bin_of] >= 2
+        if not donors.any():
+            raise AssertionError("fewer items than microbatches")  # callers guarantee enough
+        cand = np.flatnonzero(donors)
+        k = cand[np.argmin(costs_k[cand])]
+        bin_count[bin_of[k]] -= 1
+        bin_of[k] = b
+        bin_count[b] += 1
+
+
+def _order_bins(bin_cost, dp: int, m: int, rank_units: bool, balance: bool) -> np.ndarray:
+    """Final position of every bin: rank-major, microbatches of a rank by cost, descending.
+    With microbatch units the bins are first spread over ranks (equal counts, balanced cost)."""
+    n_bins = dp * m
+    if rank_units or dp == 1:
+        rank = np.arange(n_bins) // m
+    elif balance:
+        rank = balanced_equal(bin_cost, dp)
+    else:
+        rank = lpt_equal(bin_cost, dp)
+    order = np.lexsort((-bin_cost, rank))  # by rank, then cost descending
+    pos = np.empty(n_bins, dtype=np.int64)
+    pos[order] = np.arange(n_bins)
+    return pos
+
+
+def _assemble(items, bin_of, n_bins, pos_of_bin):
+    """Sort placed items by final microbatch position; returns (items, mb_counts)."""
+    key = pos_of_bin[bin_of]
+    o = np.argsort(key, kind="stable")
+    return items[o], np.bincount(key, minlength=n_bins), o
+
+
+def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance):
+    """Pack ``items`` (priority order) into exactly dp*m microbatches. Returns
+    (emitted items in final order, mb_counts, index into ``items`` of each emitted one,
+    index of the ones that did not fit)."""
+    if rank_units:
+        n_units, bpu = dp, m
+    else:
+        n_units, bpu = dp * m, 1
+    bin_of, _, bin_cost, bin_count = pack_step(items, sizes, costs, n_units, bpu, capacity)
+    placed = np.flatnonzero(bin_of >= 0)
+    rest = np.flatnonzero(bin_of < 0)
+    b = bin_of[placed]
+    if (bin_count == 0).any():
+        _fill_empty_bins(b, costs[items[placed]], bin_count)
+        bin_cost = np.bincount(b, weights=costs[items[placed]], minlength=dp * m)
+    pos = _order_bins(bin_cost, dp, m, rank_units, balance)
+    out, counts, o = _assemble(items[placed], b, dp * m, pos)
+    return out, counts, placed[o], rest
+
+
+def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail, rank_units,
+                 balance):
+    """Emit the items left when the stream is exhausted; every rank keeps the same number of
+    microbatches. Fewer items than DP ranks are merged into the previous step (tail='partial')
+    or returned as leftover ('carry', 'drop')."""
+    guard = 0
+    while pool.shape[0]:
+        mm = min(m, pool.shape[0] // dp)
+        if mm == 0:
+            if tail != "partial":
+                return pool
+            if not builder.step_mbs or guard > 4:
+                raise ValueError(
+                    f"{pool.shape[0]} items cannot be spread over {dp} DP ranks: every rank "
+                    f"needs at least one item per step; use tail='carry' or 'drop'"
+                )
+            guard += 1
+            # re-plan the previous step together with the tail: all in that step if it fits,
+            # else keep back the dp cheapest items for a final step of one microbatch per rank
+            prev_m = builder.step_mbs[-1]
+            prev, prev_delay = builder.pop()
+            pool = np.concatenate([prev, pool])
+            pool_delay = np.concatenate([prev_delay, pool_delay])
+            order = np.lexsort((-costs[pool], -pool_delay))
+            pool, pool_delay = pool[order], pool_delay[order]
+            out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
+                                                 rank_units, balance)
+            if rest.shape[0] == 0:
+                builder.emit(out, counts, pool_delay[idx])
+                return np.zeros(0, np.int64)
+            cheap = np.argsort(costs[pool], kind="stable")[:dp]
+            keep = np.ones(pool.shape[0], bool)
+            keep[cheap] = False
+            body, body_delay = pool[keep], pool_delay[keep]
+            m1 = min(prev_m, body.shape[0] // dp)
+            if m1 == 0:
+                raise ValueError(
+                    f"the last {pool.shape[0]} items fit neither one step of {dp} ranks x "
+                    f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
+            out, counts, idx, rest = _pack_exact(body, sizes, costs, dp, m1, capacity,
+                                                 rank_units, balance)
+            builder.emit(out, counts, body_delay[idx])
+            pool = np.concatenate([body[rest], pool[~keep]])
+            pool_delay = np.concatenate([body_delay[rest], pool_delay[~keep]]) + 1
+            continue
+        order = np.lexsort((-costs[pool], -pool_delay))
+        pool, pool_delay = pool[order], pool_delay[order]
+        out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, mm, capacity, rank_units,
+                                             balance)
+        builder.emit(out, counts, pool_delay[idx])
+        pool, pool_delay = pool[rest], pool_delay[rest] + 1
+    return np.zeros(0, np.int64)
+
+
+def _check_common(sizes, dp, m, capacity, tail):
+    if tail not in TAILS:
+        raise ValueError(f"tail policy {tail!r} is not one of {TAILS}")
+    if dp <= 0 or m <= 0:
+        raise ValueError(f"dp ({dp}) and microbatches ({m}) must be positive")
+    if sizes.shape[0] < dp:
+        raise ValueError(
+            f"{sizes.shape[0]} samples cannot fill {dp} DP ranks: every rank needs at least one "
+            f"sample per step"
+        )
+    if sizes.shape[0] and int(sizes.max()) > capacity:
+        i = int(np.argmax(sizes))
+        raise ValueError(f"item {i}: size {int(sizes[i])} exceeds the capacity {capacity}")
+
+
+# --------------------------------------------------------------------------------------------
+# strategies
+
+
+def plan_sequential(sizes, costs, dp, m, capacity, tail="partial"):
+    """Fill microbatches in arrival order (next fit); every dp*m microbatches form a step and
+    rank r takes the r-th run of m consecutive microbatches. What most packers do."""
+    _check_common(sizes, dp, m, capacity, tail)
+    n = sizes.shape[0]
+    bin_of = np.empty(n, dtype=np.int64)
+    n_bins = int(_next_fit(sizes, np.int64(capacity), bin_of)) if n else 0
+    per_step = dp * m
+    full_steps = n_bins // per_step
+    builder = _Builder(n, dp)
+    counts = np.bincount(bin_of, minlength=n_bins)
+    cut = int(counts[:full_steps * per_step].sum())
+    starts = np.zeros(full_steps + 1, dtype=np.int64)
+    if full_steps:
+        step_tokens = counts[:full_steps * per_step].reshape(full_steps, per_step).sum(1)
+        np.cumsum(step_tokens, out=starts[1:])
+    items = np.arange(n, dtype=np.int64)
+    for s in range(full_steps):
+        sl = slice(starts[s], starts[s + 1])
+        builder.emit(items[sl], counts[s * per_step:(s + 1) * per_step],
+                     np.zeros(starts[s + 1] - starts[s], np.int32))
+    tail_items = items[cut:]
+    # keep the tail in arrival order: next fit into as many microbatches per rank as possible
+    leftover = _finish_tail_sequential(builder, tail_items, sizes, costs, dp, m, capacity, tail)
+    return builder.finish(leftover)
+
+
+def _finish_tail_sequential(builder, items, sizes, costs, dp, m, capacity, tail):
+    if not items.shape[0]:
+        return np.zeros(0, np.int64)
+    return _finish_tail(builder, items, np.zeros(items.shape[0], np.int32), sizes,
+                        sizes.astype(np.float64), dp, m, capacity, tail, False, False)
+
+
+def _ffd_bins(sizes_k, capacity):
+    b = np.empty(sizes_k.shape[0], dtype=np.int64)
+    return int(_ffd(sizes_k, np.int64(capacity), b)), b
+
+
+def plan_ffd_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
+    """Multipack-style: per step, the longest prefix of the stream (within the token budget)
+    that first-fit-decreasing packs into dp*m microbatches (binary search on the prefix length),
+    then microbatches spread over ranks balancing tokens."""
+    _check_common(sizes, dp, m, capacity, tail)
+    n = sizes.shape[0]
+    per_step = dp * m
+    builder = _Builder(n, dp)
+    cum = np.cumsum(sizes)
+    pos = 0
+    tok_f = sizes.astype(np.float64)
+    while pos < n:
+        base = cum[pos - 1] if pos else 0
+        hi = int(np.searchsorted(cum, base + budget, side="right")) - pos  # prefix within budget
+        hi = max(1, min(hi, n - pos))
+        lo = 1
+        if _ffd_bins(sizes[pos:pos + hi], capacity)[0] <= per_step:
+            lo = hi
+        else:
+            hi_bad = hi
+            while hi_bad - lo > 1:
+                mid = (lo + hi_bad) // 2
+                if _ffd_bins(sizes[pos:pos + mid], capacity)[0] <= per_step:
+                    lo = mid
+                else:
+                    hi_bad = mid
+        k = lo
+        if k < per_step or pos + k >= n:
+            break  # the tail: fewer items than microbatches, or the stream ends here
+        items = np.arange(pos, pos + k, dtype=np.int64)
+        nb, b = _ffd_bins(sizes[pos:pos + k], capacity)
+        if nb < per_step:
+            order = items[np.argsort(-sizes[items], kind="stable")]
+            out, counts, _, rest = _pack_exact(order, sizes, tok_f, dp, m, capacity, False, False)
+            assert rest.shape[0] == 0
+        else:
+            bin_tok = np.bincount(b, weights=tok_f[items], minlength=per_step)
+            rank = lpt_equal(bin_tok, dp)
+            o = np.lexsort((-bin_tok, rank))
+            pos_of = np.empty(per_step, np.int64)
+            pos_of[o] = np.arange(per_step)
+            out, counts, _ = _assemble(items, b, per_step, pos_of)
+        builder.emit(out, counts, np.zeros(k, np.int32))
+        pos += k
+    rest = np.arange(pos, n, dtype=np.int64)
+    if rest.shape[0]:
+        order = rest[np.argsort(-sizes[rest], kind="stable")]
+        leftover = _finish_tail(builder, order, np.zeros(order.shape[0], np.int32), sizes, tok_f,
+                                dp, m, capacity, tail, False, False)
+    else:
+        leftover = rest
+    return builder.finish(leftover)
+
+
+def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
+    """verl-style: per step take the stream up to the token budget, split it over DP ranks with
+    balanced Karmarkar-Karp on token counts (equal sample counts), then each rank's samples into
+    m microbatches with Karmarkar-Karp on tokens. Microbatches over capacity give up their
+    smallest samples to microbatches with room, or to the next step."""
+    _check_common(sizes, dp, m, capacity, tail)
+    n = sizes.shape[0]
+    per_step = dp * m
+    builder = _Builder(n, dp)
+    cum = np.cumsum(sizes)
+    tok_f = sizes.astype(np.float64)
+    carry = np.zeros(0, np.int64)
+    carry_delay = np.zeros(0, np.int32)
+    pos = 0
+    while pos < n:
+        carry_tok = int(sizes[carry].sum())
+        base = cum[pos - 1] if pos else 0
+        end = int(np.searchsorted(cum, base + max(budget - carry_tok, 0), side="right"))
+        end = max(end, pos + 1)
+        if end >= n:
+            break
+        pool = np.concatenate([carry, np.arange(pos, end, dtype=np.int64)])
+        pool_delay = np.concatenate([carry_delay, np.zeros(end - pos, np.int32)])
+        pos = end
+        if pool.shape[0] < per_step:
+            carry, carry_delay = pool, pool_delay + 1
+            continue
+        pad = (-pool.shape[0]) % dp
+        w = np.concatenate([tok_f[pool], np.zeros(pad)])
+        rank = kk_equal(w, dp)[:pool.shape[0]]
+        bins = np.full(pool.shape[0], -1, np.int64)
+        spill = []
+        for r in range(dp):
+            idx = np.flatnonzero(rank == r)
+            g = kk(tok_f[pool[idx]], m)
+            bins[idx] = r * m + g
+        bin_tok = np.bincount(bins, weights=tok_f[pool], minlength=per_step)
+        # capacity repair: move the smallest items out of overfull microbatches
+        for b in np.flatnonzero(bin_tok > capacity):
+            r = b // m
+            members = np.flatnonzero(bins == b)
+            members = members[np.argsort(sizes[pool[members]], kind="stable")]
+            for k in members:
+                if bin_tok[b] <= capacity:
+                    break
+                s = sizes[pool[k]]
+                room = capacity - bin_tok[r * m:(r + 1) * m]
+                ok = np.flatnonzero(room >= s)
+                bin_tok[b] -= s
+                if ok.shape[0]:
+                    dst = r * m + ok[np.argmin(room[ok])]
+                    bins[k] = dst
+                    bin_tok[dst] += s
+                else:
+                    bins[k] = -1
+                    spill.append(k)
+        counts = np.bincount(bins[bins >= 0], minlength=per_step)
+        keep = np.flatnonzero(bins >= 0)
+        if (counts == 0).any():
+            b = bins[keep]
+            _fill_empty_bins(b, tok_f[pool[keep]], counts)
+            bins[keep] = b
+        pos_of = np.arange(per_step, dtype=np.int64)
+        out, counts, o = _assemble(pool[keep], bins[keep], per_step, pos_of)
+        builder.emit(out, counts, pool_delay[keep][o])
+        sp = np.asarray(spill, dtype=np.int64)
+        carry, carry_delay = pool[sp], pool_delay[sp] + 1
+    pool = np.concatenate([carry, np.arange(pos, n, dtype=np.int64)])
+    pool_delay = np.concatenate([carry_delay, np.zeros(n - pos, np.int32)])
+    leftover = _finish_tail(builder, pool, pool_delay, sizes, tok_f, dp, m, capacity, tail,
+                            False, False)
+    return builder.finish(leftover)
+
+
+def reference_cost_per_token(sizes, costs) -> float:
+    """Cost per token of typical (light) items: the median of cost/size over a fixed strided
+    sample of at most 65,536 items (deterministic, O(1) memory in n)."""
+    n = sizes.shape[0]
+    stride = max(1, n // 65536)
+    r = costs[::stride] / sizes[::stride]
+    return float(np.median(r)) if r.shape[0] else 1.0
+
+
+def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
+                  rank_units=False, lump_tol=0.02, lookahead=True, delay_penalty=0.002,
+                  tail="partial"):
+    """Cost-balanced packing with bounded outlier delay.
+
+    Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
+    tokens by default, 1 per item for a sample-count budget). Heavy items ("lumps": excess cost
+    above ``lump_tol`` of a unit's light-item cost) are scheduled by :mod:`packing.delay` over
+    the next ``max_delay + 1`` steps, seeing the lumps that will arrive (``lookahead``), so that
+    lumps share steps with similar ones; an item is never held more than ``max_delay`` steps.
+    The step is packed with LPT on cost under the token capacity (``pack_step``), items at their
+    deadline first, then scheduled lumps, then light items oldest first. Units are microbatches
+    (``rank_units=False``; then spread over ranks by balanced equal-count partition) or whole DP
+    ranks (``rank_units=True``, when only per-rank sums matter)."""
+    _check_common(sizes, dp, m, capacity, tail)
+    if max_delay < 1:
+        raise ValueError(f"max_delay {max_delay} must be >= 1: an item that does not fit its "
+                         "step's capacity moves to the next step")
+    n = sizes.shape[0]
+    w = sizes if weights is None else np.ascontiguousarray(weights, dtype=np.int64)
+    n_units, bpu = (dp, m) if rank_units else (dp * m, 1)
+    unit_cap = capacity * bpu
+    cpt = reference_cost_per_token(sizes, costs)
+    tc = unit_cap * cpt
+    is_lump = (costs - sizes * cpt) > lump_tol * tc
+    cumf = np.cumsum(np.where(is_lump, 0, w))
+    horizon = max_delay + 1
+    builder = _Builder(n, dp)
+    pool = np.zeros(0, np.int64)
+    arr = np.zeros(0, np.int64)
+    pos = 0
+    step = 0
+
+    def schedule(pool, arr, pos):
+        """Mask over ``pool``: lumps to emit now."""
+        pl = np.flatnonzero(is_lump[pool])
+        lumps = pool[pl]
+        lo = np.zeros(pl.shape[0], np.int64)
+        hi = np.minimum(arr[pl] + max_delay - step, horizon - 1)
+        if lookahead and pos < n:
+            base = cumf[pos - 1] if pos else 0
+            end = int(np.searchsorted(cumf, base + max_delay * budget, side="right"))
+            fut = pos + np.flatnonzero(is_lump[pos:end])
+            est = 1 + (cumf[fut] - base) // max(budget, 1)
+            keep = est < horizon
+            fut, est = fut[keep], est[keep]
+            lumps = np.concatenate([lumps, fut])
+            lo = np.concatenate([lo, est])
+            hi = np.concatenate([hi, np.minimum(est + max_delay, horizon - 1)])
+        now = np.zeros(pool.shape[0], bool)
+        if lumps.shape[0]:
+            t = schedule_lumps(costs[lumps] - sizes[lumps] * cpt, sizes[lumps], lo, hi, horizon,
+                               n_units, unit_cap, tc, delay_penalty)
+            now[pl] = t[:pl.shape[0]] == 0
+        return now
+
+    while pos < n or pool.shape[0]:
+        now = schedule(pool, arr, pos) if pos < n else np.ones(pool.shape[0], bool)
+        if pos < n:
+            fluid_w = int(w[pool[~is_lump[pool]]].sum())
+            lump_w = int(w[pool[now & is_lump[pool]]].sum())
+            need = budget - fluid_w - lump_w
+            if need > 0:
+                base = cumf[pos - 1] if pos else 0
+                newpos = min(int(np.searchsorted(cumf, base + need, side="left")) + 1, n)
+                pool = np.concatenate([pool, np.arange(pos, newpos, dtype=np.int64)])
+                arr = np.concatenate([arr, np.full(newpos - pos, step, np.int64)])
+                pos = newpos
+                now = schedule(pool, arr, pos) if pos < n else np.ones(pool.shape[0], bool)
+        delay = step - arr
+        forced = delay >= max_delay
+        emit = forced | ~is_lump[pool] | now
+        cand_idx = np.flatnonzero(emit)
+        if pos >= n and cand_idx.shape[0] < dp * m:
+            break  # the stream is exhausted and too few items remain for a full step
+        cand = pool[cand_idx]
+        cls = np.where(forced[cand_idx], 0,
+                       np.where(is_lump[cand], 1, np.where(delay[cand_idx] > 0, 2, 3)))
+        o = np.lexsort((-costs[cand], cls))
+        cand, cand_idx = cand[o], cand_idx[o]
+        out, counts, idx, rest = _pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
+                                             True)
+        builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
+        keep = np.ones(pool.shape[0], bool)
+        keep[cand_idx[idx]] = False
+        pool, arr = pool[keep], arr[keep]
+        step += 1
+    leftover = _finish_tail(builder, pool, (step - arr).astype(np.int32), sizes, costs, dp, m,
+                            capacity, tail, rank_units, True)
+    return builder.finish(leftover)

@@ -1,0 +1,31 @@
+import numpy as np
+import pytest
+
+from balancer.samples import SampleTable
+
+
+def test_from_npy(tmp_path):
+    p = tmp_path / "l.npy"
+    np.save(p, np.array([3, 4, 5], dtype=np.int32))
+    t = SampleTable.from_npy(p)
+    assert t.lengths.dtype == np.int64 and t.total_tokens == 12
+    assert t.fingerprint() == SampleTable.from_array([3, 4, 5]).fingerprint()
+
+
+def test_from_dataset_length_column_and_tokens():
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"length": [5, 7, 9], "x": ["a", "b", "c"]})
+    assert SampleTable.from_dataset(ds).lengths.tolist() == [5, 7, 9]
+    ds2 = datasets.Dataset.from_dict({"input_ids": [[1, 2], [1, 2, 3, 4], [9]]})
+    assert SampleTable.from_dataset(ds2, num_proc=2).lengths.tolist() == [2, 4, 1]
+    # a selected / shuffled view reads through its indices
+    sel = ds.select([2, 0])
+    assert SampleTable.from_dataset(sel).lengths.tolist() == [9, 5]
+
+
+def test_dataset_errors():
+    datasets = pytest.importorskip("datasets")
+    with pytest.raises(ValueError, match="neither a length column"):
+        SampleTable.from_dataset(datasets.Dataset.from_dict({"text": ["a"]}))
+    with pytest.raises(ValueError, match="sample 1: length 0"):
+        SampleTable.from_dataset(datasets.Dataset.from_dict({"input_ids": [[1], []]}))

@@ -1,0 +1,145 @@
+"""Benchmark every packing strategy side by side, in one process, on real and synthetic
+workloads and a few layouts. Prints tables; ``--json PATH`` writes the same figures.
+
+    python tools/bench.py                        # the built-in suite (targets of issue #2)
+    python tools/bench.py --lengths wlbllm --capacity 131072 --microbatches 4 --pp 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from balancer import cli_args, workloads  # noqa: E402
+from balancer.compare import compare, format_table, warmup  # noqa: E402
+from balancer.config import Layout, PlannerConfig  # noqa: E402
+from balancer.cost import load_cost_model  # noqa: E402
+from balancer.planner import plan_epoch  # noqa: E402
+from balancer.samples import SampleTable  # noqa: E402
+
+# (title, workload, samples, layout kwargs, config kwargs)
+SUITE = [
+    ("wlbllm 128K, 4 microbatches (WLB-LLM PP4 setting)", "wlbllm", None,
+     dict(dp=1, pp=4, microbatches=4, capacity=131072), dict(max_delay=4)),
+    ("wikipedia, 8 DP x 4 microbatches, 32K, chunked", "wikipedia", None,
+     dict(dp=8, pp=1, microbatches=4, capacity=32768), dict(over_length="chunk")),
+    ("prolong, 4 DP x 2 PP x 2 CP, 64K", "prolong", None,
+     dict(dp=4, pp=2, cp=2, microbatches=4, capacity=65536), dict(over_length="chunk")),
+    ("bimodal SFT (synthetic), 16 DP x 8 microbatches, 16K", "bimodal-sft", 500_000,
+     dict(dp=16, pp=1, microbatches=8, capacity=16384), dict(over_length="chunk")),
+]
+
+
+def speed(n: int, dp: int, m: int, capacity: int, repeats: int) -> dict:
+    """Plan time of every strategy for n resampled wikipedia samples next to a numpy argsort of
+    the same array (the floor for any sort-based packer), best of ``repeats``."""
+    lengths = workloads.load("wikipedia", n=n, seed=1)
+    samples = SampleTable(lengths)
+    cost = load_cost_model("quadratic-64k")
+    layout = Layout(dp=dp, microbatches=m, capacity=capacity)
+    config = PlannerConfig(over_length="chunk")
+    names = cli_args.DEFAULT_STRATEGIES
+    warmup(list(names), cost, layout, config)
+    t_sort = min(_timed(lambda: np.argsort(lengths)) for _ in range(repeats))
+    out = {"samples": n, "layout": layout.model_dump(), "argsort_seconds": t_sort,
+           "strategies": {}}
+    for s in names:
+        cfg = config.model_copy(update={"strategy": s})
+        t = min(_timed(lambda: plan_epoch(samples, cost, layout, cfg)) for _ in range(repeats))
+        out["strategies"][s] = {"plan_seconds": t, "ratio_to_argsort": t / t_sort}
+    return out
+
+
+def memory_per_sample(n: int, dp: int, m: int, capacity: int) -> dict:
+    """Peak extra memory (tracemalloc: numpy allocations) of planning n samples with
+    ``balanced``, per sample."""
+    lengths = workloads.load("wikipedia", n=n, seed=2)
+    samples = SampleTable(lengths)
+    cost = load_cost_model("quadratic-64k")
+    layout = Layout(dp=dp, microbatches=m, capacity=capacity)
+    config = PlannerConfig(over_length="chunk")
+    warmup(["balanced"], cost, layout, config)
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    t0 = time.perf_counter()
+    plan = plan_epoch(samples, cost, layout, config)
+    dt = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    del plan
+    return {"samples": n, "peak_bytes": peak, "bytes_per_sample": peak / n, "plan_seconds": dt}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli_args.add_workload_args(p)
+    p.add_argument("--json", help="write the figures to this JSON file")
+    p.add_argument("--repeats", type=int, default=3, help="timing repeats (best is kept)")
+    p.add_argument("--speed-samples", type=int, default=1_000_000,
+                   help="samples for the speed comparison (0 skips it)")
+    p.add_argument("--memory-samples", type=int, default=0,
+                   help="samples for the peak-memory measurement (0 skips it; try 10000000)")
+    args = p.parse_args(argv)
+    names = cli_args.parse_strategies(args.strategies)
+    results = []
+    if args.lengths:
+        cost, layout, config = cli_args.build(args)
+        lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
+        warmup(names, cost, layout, config)
+        res, _ = compare(SampleTable(lengths), cost, layout, config, names, repeats=args.repeats)
+        res["title"] = args.lengths
+        print(format_table(res), flush=True)
+        results.append(res)
+    else:
+        cost = load_cost_model(args.cost_model)
+        for title, wl, n, lay, cfg in SUITE:
+            try:
+                lengths = workloads.load(wl, n=n, seed=args.seed)
+            except ValueError as e:
+                print(f"skipping {title}: {e}")
+                continue
+            layout = Layout(**lay)
+            config = PlannerConfig(seed=args.seed, **cfg)
+            warmup(names, cost, layout, config)
+            res, _ = compare(SampleTable(lengths), cost, layout, config, names,
+                             repeats=args.repeats)
+            res["title"] = title
+            print(f"\n== {title}\n" + format_table(res), flush=True)
+            results.append(res)
+        if args.speed_samples:
+            sp = speed(args.speed_samples, 64, 4, 32768, args.repeats)
+            print(f"\n== speed: {sp['samples']:,} wikipedia samples, 64 DP x 4 microbatches, 32K "
+                  f"(argsort of the lengths: {sp['argsort_seconds']:.3f} s)")
+            for s, v in sp["strategies"].items():
+                print(f"{s:<11} {v['plan_seconds']:7.3f} s  = {v['ratio_to_argsort']:5.2f} x argsort")
+            results.append({"speed": sp})
+    if args.memory_samples:
+        mem = memory_per_sample(args.memory_samples, 64, 4, 32768)
+        print(f"\n== memory: planning {mem['samples']:,} samples with balanced: peak extra "
+              f"{mem['peak_bytes'] / 2**20:.0f} MiB = {mem['bytes_per_sample']:.1f} B/sample "
+              f"({mem['plan_seconds']:.2f} s)")
+        results.append({"memory": mem})
+    if args.json:
+        doc = results[0] if (args.lengths and len(results) == 1) else {"scenarios": results}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
