@@ -50,6 +50,11 @@ class PlannerConfig(BaseModel):
     lookahead: bool = Field(True, description="let the outlier scheduler see arriving samples")
     lump_tolerance: float = Field(0.02, gt=0, description="excess cost, as a fraction of a "
                                   "unit's typical cost, above which a sample is scheduled")
+    window_samples: Optional[int] = Field(
+        None, gt=0, description="plan the epoch in independent windows of this many items (delay "
+                                "queues flush at window ends), so windows can be planned in "
+                                "parallel with a result identical to a serial run; None = one "
+                                "window")
 
     @model_validator(mode="after")
     def _one_budget(self):

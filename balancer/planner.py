@@ -158,14 +158,28 @@ def padded_sizes(length: np.ndarray, cp: int) -> np.ndarray:
     return -(-length // unit) * unit
 
 
-def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
-               config: Optional[PlannerConfig] = None, epoch: int = 0,
-               carry_in: Optional[Items] = None) -> Plan:
-    """Plan one epoch. ``carry_in`` are items left over by the previous epoch (tail='carry');
-    they go first."""
-    config = config or PlannerConfig()
-    fn = strategies.get(config.strategy)
-    t0 = time.perf_counter()
+@dataclass(frozen=True)
+class EpochStream:
+    """The epoch's items in training order with their sizes and costs: the input every window
+    of the epoch is planned from."""
+
+    items: Items
+    sizes: np.ndarray   # int64[k], CP padding included
+    fwd: np.ndarray     # float64[k]
+    bwd: np.ndarray     # float64[k]
+    budget: int
+    weights: Optional[np.ndarray]
+    stats: dict
+
+    def windows(self, config: PlannerConfig) -> list[tuple[int, int]]:
+        """``[lo, hi)`` item ranges planned independently (one range unless windowed)."""
+        k = len(self.items)
+        w = config.window_samples or k
+        return [(lo, min(lo + w, k)) for lo in range(0, k, w)] or [(0, 0)]
+
+
+def epoch_stream(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,
+                 epoch: int = 0, carry_in: Optional[Items] = None) -> EpochStream:
     order = epoch_order(len(samples), config.seed, epoch, config.shuffle)
     items, stats = make_items(order, samples.lengths, layout.capacity, layout.cp,
                               config.over_length)
@@ -176,31 +190,85 @@ def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
     stats["carried_in"] = 0 if carry_in is None else len(carry_in)
     sizes = padded_sizes(items.length, layout.cp)
     fwd, bwd = cost.doc_costs(items.length)
-    costs = fwd + bwd
     if config.global_batch_samples is not None:
         budget, weights = int(config.global_batch_samples), np.ones(len(items), np.int64)
     else:
         budget = int(config.global_batch_tokens or layout.dp * layout.microbatches * layout.capacity)
         weights = None
-    sp = fn(sizes, costs, layout, config, budget, weights)
+    return EpochStream(items, sizes, fwd, bwd, budget, weights, stats)
+
+
+def plan_window(stream: EpochStream, layout: Layout, config: PlannerConfig, lo: int, hi: int,
+                last: bool):
+    """Plan items ``[lo, hi)`` of the stream on their own (a ``packing.StreamPlan`` whose item
+    ids are absolute). Windows other than the last end with a partial step, never a carry."""
+    import packing
+    fn = strategies.get(config.strategy)
+    cfg = config if last or config.tail == "partial" else config.model_copy(update={"tail": "partial"})
+    w = None if stream.weights is None else stream.weights[lo:hi]
+    sp = fn(stream.sizes[lo:hi], stream.fwd[lo:hi] + stream.bwd[lo:hi], layout, cfg,
+            stream.budget, w)
+    return packing.StreamPlan(sp.entry_item + lo, sp.entry_delay, sp.mb_offsets, sp.step_mbs,
+                              sp.leftover + lo)
+
+
+def merge_windows(parts) -> "packing.StreamPlan":
+    """Concatenate window plans in order into one StreamPlan."""
+    import packing
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    offs, base = [], 0
+    for p in parts:
+        offs.append(p.mb_offsets[:-1] + base)
+        base += int(p.mb_offsets[-1])
+    offs.append(np.array([base], np.int64))
+    return packing.StreamPlan(np.concatenate([p.entry_item for p in parts]),
+                              np.concatenate([p.entry_delay for p in parts]),
+                              np.concatenate(offs),
+                              np.concatenate([p.step_mbs for p in parts]),
+                              np.concatenate([p.leftover for p in parts]))
+
+
+def build_plan(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,
+               epoch: int, stream: EpochStream, sp) -> Plan:
+    """Wrap a (merged) StreamPlan into a :class:`Plan` with per-microbatch costs."""
+    items = stream.items
     e = sp.entry_item
     cf, cb = cost.microbatch_constant
     if sp.mb_offsets.shape[0] > 1:
-        mb_fwd = np.add.reduceat(fwd[e], sp.mb_offsets[:-1]) + cf
-        mb_bwd = np.add.reduceat(bwd[e], sp.mb_offsets[:-1]) + cb
+        mb_fwd = np.add.reduceat(stream.fwd[e], sp.mb_offsets[:-1]) + cf
+        mb_bwd = np.add.reduceat(stream.bwd[e], sp.mb_offsets[:-1]) + cb
     else:
         mb_fwd = mb_bwd = np.zeros(0)
     left = sp.leftover
     leftover = Items(items.sample[left], items.start[left], items.length[left])
+    stats = dict(stream.stats)
     stats["dropped"] = len(leftover) if config.tail == "drop" else 0
     stats["carried_out"] = len(leftover) if config.tail == "carry" else 0
-    stats["plan_seconds"] = time.perf_counter() - t0
     return Plan(layout=layout, config=config, cost_model=cost.name, epoch=epoch,
                 n_samples=len(samples), dataset_fingerprint=samples.fingerprint(),
                 entry_sample=items.sample[e], entry_start=items.start[e],
                 entry_length=items.length[e], entry_delay=sp.entry_delay,
                 mb_offsets=sp.mb_offsets, step_mbs=sp.step_mbs, mb_fwd=mb_fwd, mb_bwd=mb_bwd,
                 leftover=leftover, stats=stats)
+
+
+def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
+               config: Optional[PlannerConfig] = None, epoch: int = 0,
+               carry_in: Optional[Items] = None) -> Plan:
+    """Plan one epoch. ``carry_in`` are items left over by the previous epoch (tail='carry');
+    they go first."""
+    config = config or PlannerConfig()
+    strategies.get(config.strategy)
+    t0 = time.perf_counter()
+    stream = epoch_stream(samples, cost, layout, config, epoch, carry_in)
+    wins = stream.windows(config)
+    sp = merge_windows(plan_window(stream, layout, config, lo, hi, i == len(wins) - 1)
+                       for i, (lo, hi) in enumerate(wins))
+    plan = build_plan(samples, cost, layout, config, epoch, stream, sp)
+    plan.stats["plan_seconds"] = time.perf_counter() - t0
+    return plan
 
 
 def plan_epochs(samples: SampleTable, cost: CostModel, layout: Layout,
