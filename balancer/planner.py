@@ -246,6 +246,8 @@ def build_plan(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
     stats = dict(stream.stats)
     stats["dropped"] = len(leftover) if config.tail == "drop" else 0
     stats["carried_out"] = len(leftover) if config.tail == "carry" else 0
+    # a sample waits longer than max_delay only when the items due in a step cannot all fit it
+    stats["delay_bound_exceeded"] = int((sp.entry_delay > config.max_delay).sum())
     return Plan(layout=layout, config=config, cost_model=cost.name, epoch=epoch,
                 n_samples=len(samples), dataset_fingerprint=samples.fingerprint(),
                 entry_sample=items.sample[e], entry_start=items.start[e],

@@ -27,9 +27,9 @@ def _pull_up(tmin, tmax, node):
 
 
 @kernel
-def _cheapest_unit(tmin, tmax, p, s):
-    """Unit of minimum cost (lowest index on ties) having a bin with room >= s, or -1."""
-    stack = np.empty(64, dtype=np.int64)
+def _cheapest_unit(tmin, tmax, p, s, stack):
+    """Unit of minimum cost (lowest index on ties) having a bin with room >= s, or -1.
+    ``stack`` is scratch space (int64[>= 2 * depth + 2])."""
     top = 0
     stack[top] = 1
     top += 1
@@ -75,11 +75,12 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
         tmin[node] = min(tmin[l], tmin[l + 1])
         tmax[node] = max(tmax[l], tmax[l + 1])
     unit_cost = np.zeros(n_units)
+    stack = np.empty(130, dtype=np.int64)
     placed = 0
     for k in range(order.shape[0]):
         i = order[k]
         s = sizes[i]
-        u = _cheapest_unit(tmin, tmax, p, s)
+        u = _cheapest_unit(tmin, tmax, p, s, stack)
         if u < 0:
             bin_of[k] = -1
             continue

@@ -28,7 +28,8 @@ def assert_valid(plan, lengths, strict_delay=True):
     assert plan.mb_offsets[-1] == plan.entry_sample.shape[0]
     assert plan.step_offsets[-1] == plan.n_microbatches
     assert (plan.step_mbs >= 1).all() and (plan.step_mbs <= lay.microbatches).all()
-    if strict_delay:
+    assert plan.stats["delay_bound_exceeded"] == int((plan.entry_delay > plan.config.max_delay).sum())
+    if strict_delay and plan.entry_length.max(initial=0) * 4 <= lay.capacity:
         assert plan.entry_delay.max(initial=0) <= plan.config.max_delay
 
 

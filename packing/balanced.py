@@ -1,0 +1,327 @@
+"""The ``balanced`` whole-epoch planner as one compiled loop (see :func:`packing.stream.
+plan_balanced` for the policy). Python only prepares arrays and finishes the epoch's tail; the
+step loop, intake, outlier scheduling, step packing, rank placement and CSR assembly all run here,
+so a step costs microseconds and the planner allocates O(1) bytes per sample beyond its output.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+from .delay import _schedule_lumps
+from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
+from .steppack import _pack_step
+
+
+@kernel
+def _grow(a, need):
+    if need <= a.shape[0]:
+        return a
+    cap = a.shape[0] * 2
+    while cap < need:
+        cap *= 2
+    b = np.empty(cap, dtype=a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@kernel
+def _is_lump(i, sizes, costs, cpt, thr):
+    return costs[i] - sizes[i] * cpt > thr
+
+
+@kernel
+def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
+    """Rank of every bin: consecutive for rank units, else the better of LPT and KK equal-count
+    partitions of the bin costs, each refined by swaps."""
+    nb = bin_cost.shape[0]
+    if rank_units or dp == 1:
+        for b in range(nb):
+            rank_out[b] = b // m
+        return
+    g1 = np.empty(nb, dtype=np.int64)
+    g2 = np.empty(nb, dtype=np.int64)
+    _lpt_equal(bin_cost, dp, g1)
+    _refine_swaps(bin_cost, g1, dp, 4 * dp + 16)
+    _kk(bin_cost, dp, True, g2)
+    _refine_swaps(bin_cost, g2, dp, 4 * dp + 16)
+    if _group_loads(bin_cost, g2, dp).max() < _group_loads(bin_cost, g1, dp).max():
+        rank_out[:] = g2
+    else:
+        rank_out[:] = g1
+
+
+@kernel
+def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, rank_units,
+                          lump_tol, lookahead, delay_penalty, entry_item, entry_delay):
+    """Fill ``entry_item``/``entry_delay`` (preallocated, length n); returns (entries written,
+    mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps)."""
+    n = sizes.shape[0]
+    if rank_units:
+        n_units = dp
+        bpu = m
+    else:
+        n_units = dp * m
+        bpu = 1
+    n_bins = dp * m
+    unit_cap = capacity * bpu
+    # reference cost per token: median of cost/size over a fixed strided sample
+    stride = max(1, n // 65536)
+    ns = (n + stride - 1) // stride
+    r = np.empty(ns)
+    for k in range(ns):
+        r[k] = costs[k * stride] / sizes[k * stride]
+    cpt = np.median(r) if ns > 0 else 1.0
+    tc = unit_cap * cpt
+    thr = lump_tol * tc
+    horizon = max_delay + 1
+
+    pool = np.empty(1024, dtype=np.int64)
+    parr = np.empty(1024, dtype=np.int64)
+    now = np.zeros(1024, dtype=np.bool_)
+    np_ = 0
+    # look-ahead: lumps among [pos, look) and the fluid weight read so far
+    fut = np.empty(256, dtype=np.int64)
+    fut_cum = np.empty(256, dtype=np.int64)
+    nf = 0
+    f0 = 0  # first look-ahead entry not yet read into the pool
+    look = 0
+    look_cum = 0  # fluid weight of [0, look)
+    pos = 0
+    pos_cum = 0   # fluid weight of [0, pos)
+    step = 0
+    ne = 0
+    nmb = 0
+    # per-step scratch
+    lex = np.empty(256)
+    lsz = np.empty(256, dtype=np.int64)
+    llo = np.empty(256, dtype=np.int64)
+    lhi = np.empty(256, dtype=np.int64)
+    lt = np.empty(256, dtype=np.int64)
+    lpool = np.empty(256, dtype=np.int64)
+    bin_tokens = np.zeros(n_bins, dtype=np.int64)
+    bin_cost = np.zeros(n_bins)
+    bin_count = np.zeros(n_bins, dtype=np.int64)
+    rank_of = np.empty(n_bins, dtype=np.int64)
+    bin_pos = np.empty(n_bins, dtype=np.int64)
+    mb_counts = np.empty(1024, dtype=np.int64)
+    step_mbs = np.empty(64, dtype=np.int64)
+    while pos < n or np_ > 0:
+        n_old = np_
+        for it in range(4):
+            # ---- schedule lumps (pending + look-ahead) -----------------------------------
+            if pos < n and lookahead:
+                while look < n and look_cum - pos_cum < max_delay * budget:
+                    if _is_lump(look, sizes, costs, cpt, thr):
+                        fut = _grow(fut, nf + 1)
+                        fut_cum = _grow(fut_cum, nf + 1)
+                        fut[nf] = look
+                        fut_cum[nf] = look_cum
+                        nf += 1
+                    else:
+                        look_cum += w[look]
+                    look += 1
+            now = _grow(now, np_)
+            for k in range(np_):
+                now[k] = pos >= n
+            if pos < n:
+                nl = 0
+                for k in range(np_):
+                    i = pool[k]
+                    if _is_lump(i, sizes, costs, cpt, thr):
+                        need_cap = nl + 1
+                        if need_cap > lex.shape[0]:
+                            lex = _grow(lex, need_cap)
+                            lsz = _grow(lsz, need_cap)
+                            llo = _grow(llo, need_cap)
+                            lhi = _grow(lhi, need_cap)
+                            lt = _grow(lt, need_cap)
+                            lpool = _grow(lpool, need_cap)
+                        lex[nl] = costs[i] - sizes[i] * cpt
+                        lsz[nl] = sizes[i]
+                        llo[nl] = 0
+                        h = parr[k] + max_delay - step
+                        lhi[nl] = h if h < horizon - 1 else horizon - 1
+                        if lhi[nl] < 0:
+                            lhi[nl] = 0
+                        lpool[nl] = k
+                        nl += 1
+                n_pending = nl
+                if lookahead:
+                    while f0 < nf and fut[f0] < pos:
+                        f0 += 1
+                    for q in range(f0, nf):
+                        i = fut[q]
+                        est = 1 + (fut_cum[q] - pos_cum) // max(budget, 1)
+                        if est >= horizon:
+                            break
+                        need_cap = nl + 1
+                        if need_cap > lex.shape[0]:
+                            lex = _grow(lex, need_cap)
+                            lsz = _grow(lsz, need_cap)
+                            llo = _grow(llo, need_cap)
+                            lhi = _grow(lhi, need_cap)
+                            lt = _grow(lt, need_cap)
+                            lpool = _grow(lpool, need_cap)
+                        lex[nl] = costs[i] - sizes[i] * cpt
+                        lsz[nl] = sizes[i]
+                        llo[nl] = est
+                        e2 = est + max_delay
+                        lhi[nl] = e2 if e2 < horizon - 1 else horizon - 1
+                        lpool[nl] = -1
+                        nl += 1
+                if nl > 0:
+                    _schedule_lumps(lex[:nl], lsz[:nl], llo[:nl], lhi[:nl], horizon, n_units,
+                                    unit_cap, tc, delay_penalty, lt[:nl])
+                    for q in range(n_pending):
+                        if lt[q] == 0:
+                            now[lpool[q]] = True
+            # ---- weight of what goes now ---------------------------------------------------
+            emit_w = 0
+            for k in range(np_):
+                i = pool[k]
+                if now[k] or step - parr[k] >= max_delay or not _is_lump(i, sizes, costs, cpt, thr):
+                    emit_w += w[i]
+            if emit_w < budget and pos < n and it < 3:
+                # read fresh items until their light weight covers the shortfall
+                need = budget - emit_w
+                got = 0
+                while pos < n and got < need:
+                    pool = _grow(pool, np_ + 1)
+                    parr = _grow(parr, np_ + 1)
+                    pool[np_] = pos
+                    parr[np_] = step
+                    np_ += 1
+                    if not _is_lump(pos, sizes, costs, cpt, thr):
+                        got += w[pos]
+                        pos_cum += w[pos]
+                    pos += 1
+                continue
+            if emit_w > budget and np_ > n_old:
+                # give back the end of this step's intake that overfills it
+                keep_w = 0
+                for k in range(n_old):
+                    i = pool[k]
+                    if now[k] or step - parr[k] >= max_delay or not _is_lump(i, sizes, costs, cpt, thr):
+                        keep_w += w[i]
+                acc = keep_w
+                cut = np_
+                for k in range(n_old, np_):
+                    i = pool[k]
+                    if now[k] or not _is_lump(i, sizes, costs, cpt, thr):
+                        acc += w[i]
+                    if acc >= budget:
+                        cut = k + 1
+                        break
+                if cut < np_:
+                    while f0 > 0 and fut[f0 - 1] >= pool[cut]:
+                        f0 -= 1
+                    for k in range(cut, np_):
+                        i = pool[k]
+                        if not _is_lump(i, sizes, costs, cpt, thr):
+                            pos_cum -= w[i]
+                    pos = pool[cut]
+                    np_ = cut
+            break
+        # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
+        nc = 0
+        cls = np.empty(np_, dtype=np.int64)
+        ck = np.empty(np_, dtype=np.int64)
+        for k in range(np_):
+            i = pool[k]
+            lump = _is_lump(i, sizes, costs, cpt, thr)
+            d = step - parr[k]
+            if d >= max_delay:
+                c = 0
+            elif lump:
+                if not now[k]:
+                    continue
+                c = 1
+            elif d > 0:
+                c = 2
+            else:
+                c = 3
+            cls[nc] = c
+            ck[nc] = k
+            nc += 1
+        if pos >= n and nc < n_bins:
+            break
+        cost_key = np.empty(nc)
+        for t in range(nc):
+            cost_key[t] = -costs[pool[ck[t]]]
+        o1 = np.argsort(cost_key, kind="mergesort")
+        order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
+        t = 0
+        for c in range(4):
+            for q in range(nc):
+                if cls[o1[q]] == c:
+                    order[t] = ck[o1[q]]
+                    t += 1
+        items = np.empty(nc, dtype=np.int64)
+        for t in range(nc):
+            items[t] = pool[order[t]]
+        bin_tokens[:] = 0
+        bin_cost[:] = 0.0
+        bin_count[:] = 0
+        bin_of = np.empty(nc, dtype=np.int64)
+        _pack_step(items, sizes, costs, n_units, bpu, capacity, bin_of, bin_tokens, bin_cost,
+                   bin_count)
+        # every microbatch gets an item: move the cheapest item of a bin holding two or more
+        for b in range(n_bins):
+            if bin_count[b] == 0:
+                best = -1
+                for t in range(nc):
+                    if bin_of[t] >= 0 and bin_count[bin_of[t]] >= 2:
+                        if best < 0 or costs[items[t]] < costs[items[best]]:
+                            best = t
+                src = bin_of[best]
+                bin_count[src] -= 1
+                bin_tokens[src] -= sizes[items[best]]
+                bin_cost[src] -= costs[items[best]]
+                bin_of[best] = b
+                bin_count[b] += 1
+                bin_tokens[b] += sizes[items[best]]
+                bin_cost[b] += costs[items[best]]
+        # final microbatch order: rank-major, by cost descending inside a rank
+        _rank_of_bins(bin_cost, dp, m, rank_units, rank_of)
+        key = np.empty(n_bins)
+        for b in range(n_bins):
+            key[b] = -bin_cost[b]
+        ob = np.argsort(key, kind="mergesort")
+        t = 0
+        for rr in range(dp):
+            for q in range(n_bins):
+                if rank_of[ob[q]] == rr:
+                    bin_pos[ob[q]] = t
+                    t += 1
+        # counting sort of placed items by microbatch position
+        start = np.zeros(n_bins + 1, dtype=np.int64)
+        mb_counts = _grow(mb_counts, nmb + n_bins)
+        step_mbs = _grow(step_mbs, step + 1)
+        for t in range(nc):
+            if bin_of[t] >= 0:
+                start[bin_pos[bin_of[t]] + 1] += 1
+        for b in range(n_bins):
+            mb_counts[nmb + b] = start[b + 1]
+            start[b + 1] += start[b]
+        placed = np.zeros(np_, dtype=np.bool_)
+        for t in range(nc):
+            if bin_of[t] >= 0:
+                p = bin_pos[bin_of[t]]
+                entry_item[ne + start[p]] = items[t]
+                entry_delay[ne + start[p]] = step - parr[order[t]]
+                start[p] += 1
+                placed[order[t]] = True
+        ne += start[n_bins - 1] if n_bins > 0 else 0
+        nmb += n_bins
+        step_mbs[step] = m
+        step += 1
+        # compact the pool
+        j = 0
+        for k in range(np_):
+            if not placed[k]:
+                pool[j] = pool[k]
+                parr[j] = parr[k]
+                j += 1
+        np_ = j
+    return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()

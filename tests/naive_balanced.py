@@ -1,0 +1,118 @@
+"""Plain numpy/Python version of the ``balanced`` planner, step for step the policy of the
+compiled ``packing.balanced`` kernel: the tests require both to give identical plans."""
+import numpy as np
+
+from packing.delay import schedule_lumps
+from packing.stream import _Builder, _check_common, _finish_tail, _pack_exact
+
+
+def reference_cost_per_token(sizes, costs) -> float:
+    """Cost per token of typical (light) items: the median of cost/size over a fixed strided
+    sample of at most 65,536 items (deterministic, O(1) memory in n)."""
+    n = sizes.shape[0]
+    stride = max(1, n // 65536)
+    r = costs[::stride] / sizes[::stride]
+    return float(np.median(r)) if r.shape[0] else 1.0
+
+
+def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
+                  rank_units=False, lump_tol=0.02, lookahead=True, delay_penalty=0.002,
+                  tail="partial"):
+    """Cost-balanced packing with bounded outlier delay.
+
+    Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
+    tokens by default, 1 per item for a sample-count budget). Heavy items ("lumps": excess cost
+    above ``lump_tol`` of a unit's light-item cost) are scheduled by :mod:`packing.delay` over
+    the next ``max_delay + 1`` steps, seeing the lumps that will arrive (``lookahead``), so that
+    lumps share steps with similar ones; an item is never held more than ``max_delay`` steps.
+    The step is packed with LPT on cost under the token capacity (``pack_step``), items at their
+    deadline first, then scheduled lumps, then light items oldest first. Units are microbatches
+    (``rank_units=False``; then spread over ranks by balanced equal-count partition) or whole DP
+    ranks (``rank_units=True``, when only per-rank sums matter)."""
+    _check_common(sizes, dp, m, capacity, tail)
+    if max_delay < 1:
+        raise ValueError(f"max_delay {max_delay} must be >= 1: an item that does not fit its "
+                         "step's capacity moves to the next step")
+    n = sizes.shape[0]
+    w = sizes if weights is None else np.ascontiguousarray(weights, dtype=np.int64)
+    n_units, bpu = (dp, m) if rank_units else (dp * m, 1)
+    unit_cap = capacity * bpu
+    cpt = reference_cost_per_token(sizes, costs)
+    tc = unit_cap * cpt
+    is_lump = (costs - sizes * cpt) > lump_tol * tc
+    cumf = np.cumsum(np.where(is_lump, 0, w))
+    horizon = max_delay + 1
+    builder = _Builder(n, dp)
+    pool = np.zeros(0, np.int64)
+    arr = np.zeros(0, np.int64)
+    pos = 0
+    step = 0
+
+    def schedule(pool, arr, pos):
+        """Mask over ``pool``: lumps to emit now."""
+        pl = np.flatnonzero(is_lump[pool])
+        lumps = pool[pl]
+        lo = np.zeros(pl.shape[0], np.int64)
+        hi = np.minimum(arr[pl] + max_delay - step, horizon - 1)
+        if lookahead and pos < n:
+            base = cumf[pos - 1] if pos else 0
+            end = int(np.searchsorted(cumf, base + max_delay * budget, side="right"))
+            fut = pos + np.flatnonzero(is_lump[pos:end])
+            est = 1 + (cumf[fut] - base) // max(budget, 1)
+            keep = est < horizon
+            fut, est = fut[keep], est[keep]
+            lumps = np.concatenate([lumps, fut])
+            lo = np.concatenate([lo, est])
+            hi = np.concatenate([hi, np.minimum(est + max_delay, horizon - 1)])
+        now = np.zeros(pool.shape[0], bool)
+        if lumps.shape[0]:
+            t = schedule_lumps(costs[lumps] - sizes[lumps] * cpt, sizes[lumps], lo, hi, horizon,
+                               n_units, unit_cap, tc, delay_penalty)
+            now[pl] = t[:pl.shape[0]] == 0
+        return now
+
+    while pos < n or pool.shape[0]:
+        # intake: read until the items emitted now (light ones, lumps scheduled now, items at
+        # their deadline) fill the budget; re-plan the lumps with what was read; give back the
+        # end of the intake (it stays unread) when lumps arriving with it overfill the step
+        n_old = pool.shape[0]
+        for it in range(4):
+            now = schedule(pool, arr, pos) if pos < n else np.ones(pool.shape[0], bool)
+            go = ~is_lump[pool] | now | (step - arr >= max_delay)
+            emit_w = int(w[pool[go]].sum())
+            if emit_w < budget and pos < n and it < 3:
+                base = cumf[pos - 1] if pos else 0
+                newpos = min(int(np.searchsorted(cumf, base + budget - emit_w, side="left")) + 1, n)
+                pool = np.concatenate([pool, np.arange(pos, newpos, dtype=np.int64)])
+                arr = np.concatenate([arr, np.full(newpos - pos, step, np.int64)])
+                pos = newpos
+                continue
+            if emit_w > budget and pool.shape[0] > n_old:
+                keep_w = int(w[pool[:n_old][go[:n_old]]].sum())
+                contrib = np.where(go[n_old:], w[pool[n_old:]], 0)
+                cut = int(np.searchsorted(np.cumsum(contrib), budget - keep_w, side="left")) + 1
+                if n_old + cut < pool.shape[0]:
+                    pos = int(pool[n_old + cut])
+                    pool, arr, now = pool[:n_old + cut], arr[:n_old + cut], now[:n_old + cut]
+            break
+        delay = step - arr
+        forced = delay >= max_delay
+        emit = forced | ~is_lump[pool] | now
+        cand_idx = np.flatnonzero(emit)
+        if pos >= n and cand_idx.shape[0] < dp * m:
+            break  # the stream is exhausted and too few items remain for a full step
+        cand = pool[cand_idx]
+        cls = np.where(forced[cand_idx], 0,
+                       np.where(is_lump[cand], 1, np.where(delay[cand_idx] > 0, 2, 3)))
+        o = np.lexsort((-costs[cand], cls))
+        cand, cand_idx = cand[o], cand_idx[o]
+        out, counts, idx, rest = _pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
+                                             True)
+        builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
+        keep = np.ones(pool.shape[0], bool)
+        keep[cand_idx[idx]] = False
+        pool, arr = pool[keep], arr[keep]
+        step += 1
+    leftover = _finish_tail(builder, pool, (step - arr).astype(np.int32), sizes, costs, dp, m,
+                            capacity, tail, rank_units, True)
+    return builder.finish(leftover)
