@@ -32,6 +32,8 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
     g.add_argument("--over-length", choices=("error", "chunk"), default="error",
                    help="samples longer than the capacity: raise, or cut into pieces")
     g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
+    g.add_argument("--max-advance", type=int, default=None,
+                   help="most steps a heavy sample may be read early (default: --max-delay)")
     g.add_argument("--tail", choices=("partial", "carry", "drop"), default="partial",
                    help="samples left at the end of an epoch")
     g.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
@@ -55,5 +57,6 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
                     capacity=capacity)
     config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
                            global_batch_samples=args.global_batch_samples,
-                           max_delay=args.max_delay, over_length=args.over_length, tail=args.tail)
+                           max_delay=args.max_delay, max_advance=getattr(args, "max_advance", None),
+                           over_length=args.over_length, tail=args.tail)
     return cost, layout, config

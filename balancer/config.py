@@ -38,6 +38,10 @@ class PlannerConfig(BaseModel):
     global_batch_samples: Optional[int] = Field(
         None, gt=0, description="samples taken per step instead of a token budget")
     max_delay: int = Field(4, ge=1, description="most steps a sample may wait after it is read")
+    max_advance: Optional[int] = Field(
+        None, ge=0, description="most steps `balanced` may read a heavy sample before its turn "
+                                "to meet partners of similar cost (default: max_delay; 0 = only "
+                                "delay, as WLB-LLM)")
     over_length: Literal["error", "chunk"] = Field(
         "error", description="samples longer than the capacity: raise, or cut into "
                              "capacity-sized pieces (counted)")
@@ -55,6 +59,10 @@ class PlannerConfig(BaseModel):
                                 "queues flush at window ends), so windows can be planned in "
                                 "parallel with a result identical to a serial run; None = one "
                                 "window")
+
+    @property
+    def advance(self) -> int:
+        return self.max_delay if self.max_advance is None else self.max_advance
 
     @model_validator(mode="after")
     def _one_budget(self):

@@ -53,7 +53,7 @@ def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
 
 @kernel
 def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, rank_units,
-                          lump_tol, lookahead, delay_penalty, entry_item, entry_delay):
+                          lump_tol, lookahead, max_advance, delay_penalty, entry_item, entry_delay):
     """Fill ``entry_item``/``entry_delay`` (preallocated, length n); returns (entries written,
     mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps)."""
     n = sizes.shape[0]
@@ -99,6 +99,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
     lhi = np.empty(256, dtype=np.int64)
     lt = np.empty(256, dtype=np.int64)
     lpool = np.empty(256, dtype=np.int64)
+    lest = np.empty(256, dtype=np.int64)
     bin_tokens = np.zeros(n_bins, dtype=np.int64)
     bin_cost = np.zeros(n_bins)
     bin_count = np.zeros(n_bins, dtype=np.int64)
@@ -106,12 +107,16 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
     bin_pos = np.empty(n_bins, dtype=np.int64)
     mb_counts = np.empty(1024, dtype=np.int64)
     step_mbs = np.empty(64, dtype=np.int64)
+    taken = np.zeros(n if max_advance > 0 else 0, dtype=np.bool_)  # read ahead of their turn
+    pull = np.empty(256, dtype=np.int64)   # look-ahead lumps to read now
+    pull_est = np.empty(256, dtype=np.int64)
+    npull = 0
     while pos < n or np_ > 0:
         n_old = np_
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
             if pos < n and lookahead:
-                while look < n and look_cum - pos_cum < max_delay * budget:
+                while look < n and look_cum - pos_cum < (max_delay + max_advance) * budget:
                     if _is_lump(look, sizes, costs, cpt, thr):
                         fut = _grow(fut, nf + 1)
                         fut_cum = _grow(fut_cum, nf + 1)
@@ -125,6 +130,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
             for k in range(np_):
                 now[k] = pos >= n
             if pos < n:
+                npull = 0
                 nl = 0
                 for k in range(np_):
                     i = pool[k]
@@ -137,6 +143,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                             lhi = _grow(lhi, need_cap)
                             lt = _grow(lt, need_cap)
                             lpool = _grow(lpool, need_cap)
+                            lest = _grow(lest, need_cap)
                         lex[nl] = costs[i] - sizes[i] * cpt
                         lsz[nl] = sizes[i]
                         llo[nl] = 0
@@ -152,8 +159,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                         f0 += 1
                     for q in range(f0, nf):
                         i = fut[q]
+                        if max_advance > 0 and taken[i]:
+                            continue
                         est = 1 + (fut_cum[q] - pos_cum) // max(budget, 1)
-                        if est >= horizon:
+                        if est - max_advance >= horizon:
                             break
                         need_cap = nl + 1
                         if need_cap > lex.shape[0]:
@@ -163,12 +172,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                             lhi = _grow(lhi, need_cap)
                             lt = _grow(lt, need_cap)
                             lpool = _grow(lpool, need_cap)
+                            lest = _grow(lest, need_cap)
                         lex[nl] = costs[i] - sizes[i] * cpt
                         lsz[nl] = sizes[i]
-                        llo[nl] = est
+                        lest[nl] = est
+                        llo[nl] = est - max_advance if est > max_advance else 0
                         e2 = est + max_delay
                         lhi[nl] = e2 if e2 < horizon - 1 else horizon - 1
-                        lpool[nl] = -1
+                        lpool[nl] = -1 - i  # a look-ahead lump: -1 - stream index
                         nl += 1
                 if nl > 0:
                     _schedule_lumps(lex[:nl], lsz[:nl], llo[:nl], lhi[:nl], horizon, n_units,
@@ -176,8 +187,20 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                     for q in range(n_pending):
                         if lt[q] == 0:
                             now[lpool[q]] = True
+                    if max_advance > 0:
+                        for q in range(n_pending, nl):
+                            if lt[q] == 0:
+                                pull = _grow(pull, npull + 1)
+                                pull_est = _grow(pull_est, npull + 1)
+                                pull[npull] = -1 - lpool[q]
+                                pull_est[npull] = lest[q]
+                                npull += 1
             # ---- weight of what goes now ---------------------------------------------------
             emit_w = 0
+            pull_w = 0  # look-ahead lumps that will be read now take room too
+            for q in range(npull):
+                pull_w += w[pull[q]]
+            emit_w = pull_w
             for k in range(np_):
                 i = pool[k]
                 if now[k] or step - parr[k] >= max_delay or not _is_lump(i, sizes, costs, cpt, thr):
@@ -187,6 +210,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                 need = budget - emit_w
                 got = 0
                 while pos < n and got < need:
+                    if max_advance > 0 and taken[pos]:
+                        pos += 1
+                        continue
                     pool = _grow(pool, np_ + 1)
                     parr = _grow(parr, np_ + 1)
                     pool[np_] = pos
@@ -199,7 +225,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                 continue
             if emit_w > budget and np_ > n_old:
                 # give back the end of this step's intake that overfills it
-                keep_w = 0
+                keep_w = pull_w
                 for k in range(n_old):
                     i = pool[k]
                     if now[k] or step - parr[k] >= max_delay or not _is_lump(i, sizes, costs, cpt, thr):
@@ -223,6 +249,20 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                     pos = pool[cut]
                     np_ = cut
             break
+        # ---- look-ahead lumps scheduled now are read ahead of their turn -------------------
+        if pos < n:
+            for q in range(npull):
+                i = pull[q]
+                if i >= pos and not taken[i]:
+                    taken[i] = True
+                    pool = _grow(pool, np_ + 1)
+                    parr = _grow(parr, np_ + 1)
+                    now = _grow(now, np_ + 1)
+                    pool[np_] = i
+                    parr[np_] = step + pull_est[q]  # delay = -(steps read early)
+                    now[np_] = True
+                    np_ += 1
+        npull = 0
         # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
         nc = 0
         cls = np.empty(np_, dtype=np.int64)

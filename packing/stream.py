@@ -380,8 +380,8 @@ def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
 
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
-                  rank_units=False, lump_tol=0.02, lookahead=True, delay_penalty=0.002,
-                  tail="partial"):
+                  rank_units=False, lump_tol=0.02, lookahead=True, max_advance=0,
+                  delay_penalty=0.002, tail="partial"):
     """Cost-balanced packing with bounded outlier delay.
 
     Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
@@ -394,7 +394,10 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     the token capacity (:mod:`packing.steppack`), items at their deadline first, then scheduled
     lumps, then light items oldest first. Units are microbatches (``rank_units=False``; then
     spread over ranks by a balanced equal-count partition) or whole DP ranks (``rank_units=True``,
-    when only per-rank sums matter). The loop is compiled (:mod:`packing.balanced`); a plain
+    when only per-rank sums matter). With ``max_advance > 0`` a lump the look-ahead schedules
+    for now is read up to that many steps before its turn (its delay is recorded as minus the
+    steps it was read early), so heavy samples can meet partners from both sides of their
+    position. The loop is compiled (:mod:`packing.balanced`); a plain
     numpy version of the same policy, step for step, is ``tests/naive_balanced.py``."""
     _check_common(sizes, dp, m, capacity, tail)
     if max_delay < 1:
@@ -410,7 +413,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     ne, mb_counts, step_mbs, rest, rest_arr = _plan_balanced_kernel(
         sizes, costs, w, np.int64(dp), np.int64(m), np.int64(capacity), np.int64(budget),
         np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
-        float(delay_penalty), entry_item, entry_delay)
+        np.int64(max_advance if lookahead else 0), float(delay_penalty), entry_item, entry_delay)
     builder = _Builder(n, dp)
     builder.entry_item, builder.entry_delay = entry_item, entry_delay
     builder.n = int(ne)

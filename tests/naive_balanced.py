@@ -16,8 +16,8 @@ def reference_cost_per_token(sizes, costs) -> float:
 
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
-                  rank_units=False, lump_tol=0.02, lookahead=True, delay_penalty=0.002,
-                  tail="partial"):
+                  rank_units=False, lump_tol=0.02, lookahead=True, max_advance=0,
+                  delay_penalty=0.002, tail="partial"):
     """Cost-balanced packing with bounded outlier delay.
 
     Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
@@ -43,6 +43,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     cumf = np.cumsum(np.where(is_lump, 0, w))
     horizon = max_delay + 1
     builder = _Builder(n, dp)
+    taken = np.zeros(n, bool)
+    pull = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # look-ahead lumps to read now, est
     pool = np.zeros(0, np.int64)
     arr = np.zeros(0, np.int64)
     pos = 0
@@ -54,21 +56,27 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         lumps = pool[pl]
         lo = np.zeros(pl.shape[0], np.int64)
         hi = np.minimum(arr[pl] + max_delay - step, horizon - 1)
+        fut = est = np.zeros(0, np.int64)
         if lookahead and pos < n:
             base = cumf[pos - 1] if pos else 0
-            end = int(np.searchsorted(cumf, base + max_delay * budget, side="right"))
-            fut = pos + np.flatnonzero(is_lump[pos:end])
+            end = int(np.searchsorted(cumf, base + (max_delay + max_advance) * budget,
+                                      side="right"))
+            fut = pos + np.flatnonzero(is_lump[pos:end] & ~taken[pos:end])
             est = 1 + (cumf[fut] - base) // max(budget, 1)
-            keep = est < horizon
+            keep = est - max_advance < horizon
             fut, est = fut[keep], est[keep]
             lumps = np.concatenate([lumps, fut])
-            lo = np.concatenate([lo, est])
+            lo = np.concatenate([lo, np.maximum(est - max_advance, 0)])
             hi = np.concatenate([hi, np.minimum(est + max_delay, horizon - 1)])
         now = np.zeros(pool.shape[0], bool)
+        pull[0], pull[1] = np.zeros(0, np.int64), np.zeros(0, np.int64)
         if lumps.shape[0]:
             t = schedule_lumps(costs[lumps] - sizes[lumps] * cpt, sizes[lumps], lo, hi, horizon,
                                n_units, unit_cap, tc, delay_penalty)
             now[pl] = t[:pl.shape[0]] == 0
+            if max_advance > 0:
+                sel = t[pl.shape[0]:] == 0
+                pull[0], pull[1] = fut[sel], est[sel]
         return now
 
     while pos < n or pool.shape[0]:
@@ -79,22 +87,33 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         for it in range(4):
             now = schedule(pool, arr, pos) if pos < n else np.ones(pool.shape[0], bool)
             go = ~is_lump[pool] | now | (step - arr >= max_delay)
-            emit_w = int(w[pool[go]].sum())
+            pull_w = int(w[pull[0]].sum())  # look-ahead lumps read now take room too
+            emit_w = int(w[pool[go]].sum()) + pull_w
             if emit_w < budget and pos < n and it < 3:
                 base = cumf[pos - 1] if pos else 0
                 newpos = min(int(np.searchsorted(cumf, base + budget - emit_w, side="left")) + 1, n)
-                pool = np.concatenate([pool, np.arange(pos, newpos, dtype=np.int64)])
-                arr = np.concatenate([arr, np.full(newpos - pos, step, np.int64)])
+                rd = np.arange(pos, newpos, dtype=np.int64)
+                rd = rd[~taken[rd]]
+                pool = np.concatenate([pool, rd])
+                arr = np.concatenate([arr, np.full(rd.shape[0], step, np.int64)])
                 pos = newpos
                 continue
             if emit_w > budget and pool.shape[0] > n_old:
-                keep_w = int(w[pool[:n_old][go[:n_old]]].sum())
+                keep_w = int(w[pool[:n_old][go[:n_old]]].sum()) + pull_w
                 contrib = np.where(go[n_old:], w[pool[n_old:]], 0)
                 cut = int(np.searchsorted(np.cumsum(contrib), budget - keep_w, side="left")) + 1
                 if n_old + cut < pool.shape[0]:
                     pos = int(pool[n_old + cut])
                     pool, arr, now = pool[:n_old + cut], arr[:n_old + cut], now[:n_old + cut]
             break
+        if pos < n and pull[0].shape[0]:
+            sel = (pull[0] >= pos) & ~taken[pull[0]]
+            pl_, es_ = pull[0][sel], pull[1][sel]
+            taken[pl_] = True
+            pool = np.concatenate([pool, pl_])
+            arr = np.concatenate([arr, step + es_])
+            now = np.concatenate([now, np.ones(pl_.shape[0], bool)])
+        pull[0], pull[1] = np.zeros(0, np.int64), np.zeros(0, np.int64)
         delay = step - arr
         forced = delay >= max_delay
         emit = forced | ~is_lump[pool] | now
