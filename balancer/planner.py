@@ -14,6 +14,8 @@ from typing import Optional
 
 import numpy as np
 
+from packing.chunking import expand_pieces
+
 from . import strategies
 from .config import Layout, PlannerConfig
 from .cost import CostModel
@@ -132,22 +134,24 @@ def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
     too_long = ordered > max_piece
     stats = {"samples_chunked": 0, "pieces_added": 0}
     if not too_long.any():
-        return Items(order, np.zeros(order.shape[0], np.int64), ordered.astype(np.int64)), stats
+        return Items(order, zeros_view(order.shape[0]), ordered.astype(np.int64, copy=False)), stats
     if over_length == "error":
         k = int(np.flatnonzero(too_long)[0])
         limit = f"the capacity {capacity}" + (f" (padded to a multiple of {unit} for cp={cp})"
                                               if cp > 1 else "")
         raise ValueError(f"sample {int(order[k])}: length {int(ordered[k])} exceeds {limit}; "
                          f"use over_length='chunk' to cut it into pieces")
-    reps = np.where(too_long, -(-ordered // max_piece), 1)
-    total = int(reps.sum())
-    first = np.cumsum(reps) - reps
-    sample = np.repeat(order, reps)
-    piece = np.arange(total, dtype=np.int64) - np.repeat(first, reps)
-    start = piece * max_piece
-    length = np.minimum(np.repeat(ordered, reps) - start, max_piece)
-    stats = {"samples_chunked": int(too_long.sum()), "pieces_added": int(total - order.shape[0])}
+    n_chunked = int(too_long.sum())
+    del too_long
+    sample, start, length = expand_pieces(order, ordered, max_piece)
+    stats = {"samples_chunked": n_chunked, "pieces_added": int(sample.shape[0] - order.shape[0])}
     return Items(sample, start, length), stats
+
+
+def zeros_view(n: int) -> np.ndarray:
+    """A read-only int64 array of n zeros that takes no memory (entry starts when nothing is
+    chunked)."""
+    return np.broadcast_to(np.int64(0), (int(n),))
 
 
 def padded_sizes(length: np.ndarray, cp: int) -> np.ndarray:
@@ -158,18 +162,24 @@ def padded_sizes(length: np.ndarray, cp: int) -> np.ndarray:
     return -(-length // unit) * unit
 
 
-@dataclass(frozen=True)
+@dataclass
 class EpochStream:
     """The epoch's items in training order with their sizes and costs: the input every window
-    of the epoch is planned from."""
+    of the epoch is planned from. ``costs`` (float64[k]) is what the planner balances (forward
+    plus backward); ``fwd``/``bwd`` may be given instead (then ``costs = fwd + bwd``)."""
 
     items: Items
     sizes: np.ndarray   # int64[k], CP padding included
-    fwd: np.ndarray     # float64[k]
-    bwd: np.ndarray     # float64[k]
+    fwd: Optional[np.ndarray]
+    bwd: Optional[np.ndarray]
     budget: int
     weights: Optional[np.ndarray]
     stats: dict
+    costs: Optional[np.ndarray] = None
+
+    def __post_init__(self):
+        if self.costs is None:
+            self.costs = self.fwd + self.bwd
 
     def windows(self, config: PlannerConfig) -> list[tuple[int, int]]:
         """``[lo, hi)`` item ranges planned independently (one range unless windowed)."""
@@ -178,24 +188,35 @@ class EpochStream:
         return [(lo, min(lo + w, k)) for lo in range(0, k, w)] or [(0, 0)]
 
 
+_BLOCK = 1 << 20  # elements per block when a full-length temporary would cost memory
+
+
+def _doc_totals(cost: CostModel, length: np.ndarray) -> np.ndarray:
+    out = np.empty(length.shape[0], dtype=np.float64)
+    for lo in range(0, length.shape[0], _BLOCK):
+        out[lo:lo + _BLOCK] = cost.doc_total(length[lo:lo + _BLOCK])
+    return out
+
+
 def epoch_stream(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,
                  epoch: int = 0, carry_in: Optional[Items] = None) -> EpochStream:
     order = epoch_order(len(samples), config.seed, epoch, config.shuffle)
     items, stats = make_items(order, samples.lengths, layout.capacity, layout.cp,
                               config.over_length)
+    del order
     if carry_in is not None and len(carry_in):
         items = Items(np.concatenate([carry_in.sample, items.sample]),
                       np.concatenate([carry_in.start, items.start]),
                       np.concatenate([carry_in.length, items.length]))
     stats["carried_in"] = 0 if carry_in is None else len(carry_in)
     sizes = padded_sizes(items.length, layout.cp)
-    fwd, bwd = cost.doc_costs(items.length)
     if config.global_batch_samples is not None:
         budget, weights = int(config.global_batch_samples), np.ones(len(items), np.int64)
     else:
         budget = int(config.global_batch_tokens or layout.dp * layout.microbatches * layout.capacity)
         weights = None
-    return EpochStream(items, sizes, fwd, bwd, budget, weights, stats)
+    return EpochStream(items, sizes, None, None, budget, weights, stats,
+                       costs=_doc_totals(cost, items.length))
 
 
 def plan_window(stream: EpochStream, layout: Layout, config: PlannerConfig, lo: int, hi: int,
@@ -206,8 +227,9 @@ def plan_window(stream: EpochStream, layout: Layout, config: PlannerConfig, lo: 
     fn = strategies.get(config.strategy)
     cfg = config if last or config.tail == "partial" else config.model_copy(update={"tail": "partial"})
     w = None if stream.weights is None else stream.weights[lo:hi]
-    sp = fn(stream.sizes[lo:hi], stream.fwd[lo:hi] + stream.bwd[lo:hi], layout, cfg,
-            stream.budget, w)
+    sp = fn(stream.sizes[lo:hi], stream.costs[lo:hi], layout, cfg, stream.budget, w)
+    if lo == 0:
+        return sp
     return packing.StreamPlan(sp.entry_item + lo, sp.entry_delay, sp.mb_offsets, sp.step_mbs,
                               sp.leftover + lo)
 
@@ -230,19 +252,40 @@ def merge_windows(parts) -> "packing.StreamPlan":
                               np.concatenate([p.leftover for p in parts]))
 
 
+def microbatch_costs(cost: CostModel, entry_length: np.ndarray, mb_offsets: np.ndarray):
+    """Predicted ``(forward, backward)`` of every microbatch (float64[M] each), computed block
+    by block so no full-length temporary is held."""
+    n_mb = mb_offsets.shape[0] - 1
+    mb_f = np.zeros(n_mb)
+    mb_b = np.zeros(n_mb)
+    if n_mb == 0:
+        return mb_f, mb_b
+    mb_of = np.empty(0, np.int64)
+    for lo in range(0, entry_length.shape[0], _BLOCK):
+        hi = min(lo + _BLOCK, entry_length.shape[0])
+        f, b = cost.doc_costs(entry_length[lo:hi])
+        mb_of = np.searchsorted(mb_offsets, np.arange(lo, hi), side="right") - 1
+        mb_f += np.bincount(mb_of, weights=f, minlength=n_mb)
+        mb_b += np.bincount(mb_of, weights=b, minlength=n_mb)
+    cf, cb = cost.microbatch_constant
+    return mb_f + cf, mb_b + cb
+
+
 def build_plan(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,
                epoch: int, stream: EpochStream, sp) -> Plan:
-    """Wrap a (merged) StreamPlan into a :class:`Plan` with per-microbatch costs."""
+    """Wrap a (merged) StreamPlan into a :class:`Plan` with per-microbatch costs. The stream's
+    arrays are released as they are gathered (the stream is consumed)."""
     items = stream.items
+    stream.costs = stream.sizes = stream.fwd = stream.bwd = None
     e = sp.entry_item
-    cf, cb = cost.microbatch_constant
-    if sp.mb_offsets.shape[0] > 1:
-        mb_fwd = np.add.reduceat(stream.fwd[e], sp.mb_offsets[:-1]) + cf
-        mb_bwd = np.add.reduceat(stream.bwd[e], sp.mb_offsets[:-1]) + cb
-    else:
-        mb_fwd = mb_bwd = np.zeros(0)
     left = sp.leftover
     leftover = Items(items.sample[left], items.start[left], items.length[left])
+    entry_sample = items.sample[e]
+    entry_start = zeros_view(e.shape[0]) if items.start.strides == (0,) else items.start[e]
+    entry_length = items.length[e]
+    stream.items = items = None
+    del e
+    mb_fwd, mb_bwd = microbatch_costs(cost, entry_length, sp.mb_offsets)
     stats = dict(stream.stats)
     stats["dropped"] = len(leftover) if config.tail == "drop" else 0
     stats["carried_out"] = len(leftover) if config.tail == "carry" else 0
@@ -250,10 +293,9 @@ def build_plan(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
     stats["delay_bound_exceeded"] = int((sp.entry_delay > config.max_delay).sum())
     return Plan(layout=layout, config=config, cost_model=cost.name, epoch=epoch,
                 n_samples=len(samples), dataset_fingerprint=samples.fingerprint(),
-                entry_sample=items.sample[e], entry_start=items.start[e],
-                entry_length=items.length[e], entry_delay=sp.entry_delay,
-                mb_offsets=sp.mb_offsets, step_mbs=sp.step_mbs, mb_fwd=mb_fwd, mb_bwd=mb_bwd,
-                leftover=leftover, stats=stats)
+                entry_sample=entry_sample, entry_start=entry_start, entry_length=entry_length,
+                entry_delay=sp.entry_delay, mb_offsets=sp.mb_offsets, step_mbs=sp.step_mbs,
+                mb_fwd=mb_fwd, mb_bwd=mb_bwd, leftover=leftover, stats=stats)
 
 
 def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
