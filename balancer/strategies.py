@@ -62,15 +62,17 @@ def _sequential(sizes, costs, layout, config, budget, weights):
 @register("ffd_tokens", "multipack: FFD on tokens over the longest prefix that fits, ranks "
                         "balanced by tokens")
 def _ffd_tokens(sizes, costs, layout, config, budget, weights):
+    tokens, count = (budget, None) if weights is None else (1 << 62, budget)
     return packing.plan_ffd_tokens(sizes, costs, layout.dp, layout.microbatches, layout.capacity,
-                                   budget if weights is None else 1 << 62, tail=config.tail)
+                                   tokens, tail=config.tail, max_items=count)
 
 
 @register("kk_tokens", "verl: Karmarkar-Karp on token counts over DP ranks, then over "
                        "microbatches")
 def _kk_tokens(sizes, costs, layout, config, budget, weights):
+    tokens, count = (budget, None) if weights is None else (1 << 62, budget)
     return packing.plan_kk_tokens(sizes, costs, layout.dp, layout.microbatches, layout.capacity,
-                                  budget if weights is None else 1 << 62, tail=config.tail)
+                                  tokens, tail=config.tail, max_items=count)
 
 
 @register("balanced", "ours: cost-aware LPT under capacity with look-ahead outlier scheduling "

@@ -251,10 +251,10 @@ def _ffd_bins(sizes_k, capacity):
     return int(_ffd(sizes_k, np.int64(capacity), b)), b
 
 
-def plan_ffd_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
-    """Multipack-style: per step, the longest prefix of the stream (within the token budget)
-    that first-fit-decreasing packs into dp*m microbatches (binary search on the prefix length),
-    then microbatches spread over ranks balancing tokens."""
+def plan_ffd_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_items=None):
+    """Multipack-style: per step, the longest prefix of the stream (within the token budget and
+    at most ``max_items`` items) that first-fit-decreasing packs into dp*m microbatches (binary
+    search on the prefix length), then microbatches spread over ranks balancing tokens."""
     _check_common(sizes, dp, m, capacity, tail)
     n = sizes.shape[0]
     per_step = dp * m
@@ -265,7 +265,7 @@ def plan_ffd_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
     while pos < n:
         base = cum[pos - 1] if pos else 0
         hi = int(np.searchsorted(cum, base + budget, side="right")) - pos  # prefix within budget
-        hi = max(1, min(hi, n - pos))
+        hi = max(1, min(hi, n - pos, max_items or n))
         lo = 1
         if _ffd_bins(sizes[pos:pos + hi], capacity)[0] <= per_step:
             lo = hi
@@ -305,11 +305,12 @@ def plan_ffd_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
     return builder.finish(leftover)
 
 
-def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
+def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_items=None):
     """verl-style: per step take the stream up to the token budget, split it over DP ranks with
     balanced Karmarkar-Karp on token counts (equal sample counts), then each rank's samples into
     m microbatches with Karmarkar-Karp on tokens. Microbatches over capacity give up their
-    smallest samples to microbatches with room, or to the next step."""
+    smallest samples to microbatches with room, or to the next step. ``max_items`` caps the
+    samples per step (a sample-count global batch)."""
     _check_common(sizes, dp, m, capacity, tail)
     n = sizes.shape[0]
     per_step = dp * m
@@ -323,6 +324,8 @@ def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial"):
         carry_tok = int(sizes[carry].sum())
         base = cum[pos - 1] if pos else 0
         end = int(np.searchsorted(cum, base + max(budget - carry_tok, 0), side="right"))
+        if max_items is not None:
+            end = min(end, pos + max(max_items - carry.shape[0], 0))
         end = max(end, pos + 1)
         if end >= n:
             break
