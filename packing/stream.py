@@ -222,28 +222,22 @@ def plan_sequential(sizes, costs, dp, m, capacity, tail="partial"):
     per_step = dp * m
     full_steps = n_bins // per_step
     builder = _Builder(n, dp)
-    counts = np.bincount(bin_of, minlength=n_bins)
+    counts = np.bincount(bin_of, minlength=n_bins)  # items per microbatch
     cut = int(counts[:full_steps * per_step].sum())
-    starts = np.zeros(full_steps + 1, dtype=np.int64)
+    starts = np.zeros(full_steps + 1, dtype=np.int64)  # first item of every full step
     if full_steps:
-        step_tokens = counts[:full_steps * per_step].reshape(full_steps, per_step).sum(1)
-        np.cumsum(step_tokens, out=starts[1:])
+        step_items = counts[:full_steps * per_step].reshape(full_steps, per_step).sum(1)
+        np.cumsum(step_items, out=starts[1:])
     items = np.arange(n, dtype=np.int64)
     for s in range(full_steps):
         sl = slice(starts[s], starts[s + 1])
         builder.emit(items[sl], counts[s * per_step:(s + 1) * per_step],
                      np.zeros(starts[s + 1] - starts[s], np.int32))
+    # the tail (fewer than dp*m microbatches): as many microbatches per rank as it fills
     tail_items = items[cut:]
-    # keep the tail in arrival order: next fit into as many microbatches per rank as possible
-    leftover = _finish_tail_sequential(builder, tail_items, sizes, costs, dp, m, capacity, tail)
+    leftover = _finish_tail(builder, tail_items, np.zeros(tail_items.shape[0], np.int32), sizes,
+                            sizes.astype(np.float64), dp, m, capacity, tail, False, False)
     return builder.finish(leftover)
-
-
-def _finish_tail_sequential(builder, items, sizes, costs, dp, m, capacity, tail):
-    if not items.shape[0]:
-        return np.zeros(0, np.int64)
-    return _finish_tail(builder, items, np.zeros(items.shape[0], np.int32), sizes,
-                        sizes.astype(np.float64), dp, m, capacity, tail, False, False)
 
 
 def _ffd_bins(sizes_k, capacity):
