@@ -81,4 +81,4 @@ def _balanced(sizes, costs, layout, config, budget, weights):
     return packing.plan_balanced(
         sizes, costs, layout.dp, layout.microbatches, layout.capacity, budget, config.max_delay,
         weights=weights, rank_units=rank_units(layout, config), lump_tol=config.lump_tolerance,
-        lookahead=config.lookahead, max_advance=config.advance, tail=config.tail)
+        lookahead=config.lookahead, max_advance=config.advance, tail=config.tail, pp=layout.pp)

@@ -10,6 +10,7 @@ import numpy as np
 from ._jit import kernel
 from .delay import _schedule_lumps
 from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
+from .pipeline import _pipeline_order
 from .steppack import _pack_step
 
 
@@ -53,7 +54,7 @@ def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
 
 @kernel
 def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, rank_units,
-                          lump_tol, lookahead, max_advance, delay_penalty, entry_item, entry_delay):
+                          lump_tol, lookahead, max_advance, delay_penalty, pp, entry_item, entry_delay):
     """Fill ``entry_item``/``entry_delay`` (preallocated, length n); returns (entries written,
     mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps)."""
     n = sizes.shape[0]
@@ -105,6 +106,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
     bin_count = np.zeros(n_bins, dtype=np.int64)
     rank_of = np.empty(n_bins, dtype=np.int64)
     bin_pos = np.empty(n_bins, dtype=np.int64)
+    rank_bins = np.empty(m, dtype=np.int64)
+    rank_cost = np.empty(m)
+    rank_perm = np.empty(m, dtype=np.int64)
     mb_counts = np.empty(1024, dtype=np.int64)
     step_mbs = np.empty(64, dtype=np.int64)
     taken = np.zeros(n if max_advance > 0 else 0, dtype=np.bool_)  # read ahead of their turn
@@ -330,10 +334,20 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
         ob = np.argsort(key, kind="mergesort")
         t = 0
         for rr in range(dp):
+            t0 = t
             for q in range(n_bins):
                 if rank_of[ob[q]] == rr:
-                    bin_pos[ob[q]] = t
+                    rank_bins[t - t0] = ob[q]
                     t += 1
+            if pp > 1:  # a 1F1B-friendly order of the rank's microbatches
+                for q in range(m):
+                    rank_cost[q] = bin_cost[rank_bins[q]]
+                _pipeline_order(rank_cost, pp, 8, rank_perm)
+                for q in range(m):
+                    bin_pos[rank_bins[rank_perm[q]]] = t0 + q
+            else:
+                for q in range(m):
+                    bin_pos[rank_bins[q]] = t0 + q
         # counting sort of placed items by microbatch position
         start = np.zeros(n_bins + 1, dtype=np.int64)
         mb_counts = _grow(mb_counts, nmb + n_bins)

@@ -130,3 +130,58 @@ def rank_step_times(mb_fwd, mb_bwd, step_mbs, dp: int, pp: int):
                 np.ascontiguousarray(mb_bwd, dtype=np.float64), step_start, step_mbs,
                 np.int64(dp), np.int64(pp), times, bubble)
     return times, bubble
+
+
+@kernel
+def _pipeline_order(cost, pp, swap_limit, out):
+    """Order of one rank's microbatches (``cost`` float64[m], forward:backward taken as 1:2)
+    for a short 1F1B makespan: a "mountain" (cheap ones at both ends, the costliest in the
+    middle, which lets the warm-up and the drain run on cheap microbatches), then pairwise swaps
+    while they shorten the simulated schedule (only when ``m <= swap_limit``)."""
+    m = cost.shape[0]
+    a = np.argsort(cost, kind="mergesort")
+    k = 0
+    for i in range(0, m, 2):
+        out[k] = a[i]
+        k += 1
+    last = m - 1 if (m - 1) % 2 == 1 else m - 2
+    for i in range(last, 0, -2):
+        out[k] = a[i]
+        k += 1
+    if pp <= 1 or m > swap_limit or m < 3:
+        return
+    f = np.empty(m)
+    b = np.empty(m)
+    busy = np.zeros(pp)
+
+    def makespan(order):
+        for j in range(m):
+            f[j] = cost[order[j]]
+            b[j] = 2.0 * cost[order[j]]
+        busy[:] = 0.0
+        return _simulate_1f1b(f, b, pp, busy)
+
+    best = makespan(out)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(m):
+            for j in range(i + 1, m):
+                t = out[i]
+                out[i] = out[j]
+                out[j] = t
+                v = makespan(out)
+                if v < best * (1.0 - 1e-12):
+                    best = v
+                    improved = True
+                else:
+                    out[j] = out[i]
+                    out[i] = t
+
+
+def pipeline_order(cost, pp: int, swap_limit: int = 8) -> np.ndarray:
+    """Positions (int64[m]) in which to run one rank's microbatches under 1F1B."""
+    cost = np.ascontiguousarray(cost, dtype=np.float64)
+    out = np.empty(cost.shape[0], dtype=np.int64)
+    _pipeline_order(cost, np.int64(pp), np.int64(swap_limit), out)
+    return out

@@ -25,6 +25,7 @@ import numpy as np
 from .binpack import _ffd, _next_fit
 from .delay import schedule_lumps
 from .partition import balanced_equal, kk, kk_equal, lpt_equal
+from .pipeline import pipeline_order
 from .steppack import pack_step
 
 TAILS = ("partial", "carry", "drop")
@@ -96,9 +97,12 @@ def _fill_empty_bins(bin_of, costs_k, bin_count):
         bin_count[b] += 1
 
 
-def _order_bins(bin_cost, dp: int, m: int, rank_units: bool, balance: bool) -> np.ndarray:
-    """Final position of every bin: rank-major, microbatches of a rank by cost, descending.
-    With microbatch units the bins are first spread over ranks (equal counts, balanced cost)."""
+def _order_bins(bin_cost, dp: int, m: int, rank_units: bool, balance: bool,
+                pp: int = 1) -> np.ndarray:
+    """Final position of every bin: rank-major, microbatches of a rank by cost, descending
+    (then, with ``balance`` and pp > 1, in the 1F1B-friendly order of
+    :func:`packing.pipeline.pipeline_order`). With microbatch units the bins are first spread
+    over ranks (equal counts, balanced cost)."""
     n_bins = dp * m
     if rank_units or dp == 1:
         rank = np.arange(n_bins) // m
@@ -107,6 +111,10 @@ def _order_bins(bin_cost, dp: int, m: int, rank_units: bool, balance: bool) -> n
     else:
         rank = lpt_equal(bin_cost, dp)
     order = np.lexsort((-bin_cost, rank))  # by rank, then cost descending
+    if balance and pp > 1:
+        for r in range(dp):
+            sl = order[r * m:(r + 1) * m]
+            order[r * m:(r + 1) * m] = sl[pipeline_order(bin_cost[sl], pp)]
     pos = np.empty(n_bins, dtype=np.int64)
     pos[order] = np.arange(n_bins)
     return pos
@@ -119,7 +127,7 @@ def _assemble(items, bin_of, n_bins, pos_of_bin):
     return items[o], np.bincount(key, minlength=n_bins), o
 
 
-def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance):
+def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
     """Pack ``items`` (priority order) into exactly dp*m microbatches. Returns
     (emitted items in final order, mb_counts, index into ``items`` of each emitted one,
     index of the ones that did not fit)."""
@@ -134,13 +142,13 @@ def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance):
     if (bin_count == 0).any():
         _fill_empty_bins(b, costs[items[placed]], bin_count)
         bin_cost = np.bincount(b, weights=costs[items[placed]], minlength=dp * m)
-    pos = _order_bins(bin_cost, dp, m, rank_units, balance)
+    pos = _order_bins(bin_cost, dp, m, rank_units, balance, pp)
     out, counts, o = _assemble(items[placed], b, dp * m, pos)
     return out, counts, placed[o], rest
 
 
 def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail, rank_units,
-                 balance):
+                 balance, pp=1):
     """Emit the items left when the stream is exhausted; every rank keeps the same number of
     microbatches. Fewer items than DP ranks are merged into the previous step (tail='partial')
     or returned as leftover ('carry', 'drop')."""
@@ -165,7 +173,7 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
             order = np.lexsort((-costs[pool], -pool_delay))
             pool, pool_delay = pool[order], pool_delay[order]
             out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
-                                                 rank_units, balance)
+                                                 rank_units, balance, pp)
             if rest.shape[0] == 0:
                 builder.emit(out, counts, pool_delay[idx])
                 return np.zeros(0, np.int64)
@@ -179,7 +187,7 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                     f"the last {pool.shape[0]} items fit neither one step of {dp} ranks x "
                     f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
             out, counts, idx, rest = _pack_exact(body, sizes, costs, dp, m1, capacity,
-                                                 rank_units, balance)
+                                                 rank_units, balance, pp)
             builder.emit(out, counts, body_delay[idx])
             pool = np.concatenate([body[rest], pool[~keep]])
             pool_delay = np.concatenate([body_delay[rest], pool_delay[~keep]]) + 1
@@ -378,7 +386,7 @@ def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_it
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
                   rank_units=False, lump_tol=0.02, lookahead=True, max_advance=0,
-                  delay_penalty=0.002, tail="partial"):
+                  delay_penalty=0.002, tail="partial", pp=1):
     """Cost-balanced packing with bounded outlier delay.
 
     Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
@@ -391,7 +399,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     the token capacity (:mod:`packing.steppack`), items at their deadline first, then scheduled
     lumps, then light items oldest first. Units are microbatches (``rank_units=False``; then
     spread over ranks by a balanced equal-count partition) or whole DP ranks (``rank_units=True``,
-    when only per-rank sums matter). With ``max_advance > 0`` a lump the look-ahead schedules
+    when only per-rank sums matter); with ``pp > 1`` a rank's microbatches are put in a
+    1F1B-friendly order. With ``max_advance > 0`` a lump the look-ahead schedules
     for now is read up to that many steps before its turn (its delay is recorded as minus the
     steps it was read early), so heavy samples can meet partners from both sides of their
     position. The loop is compiled (:mod:`packing.balanced`); a plain
@@ -410,7 +419,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     ne, mb_counts, step_mbs, rest, rest_arr = _plan_balanced_kernel(
         sizes, costs, w, np.int64(dp), np.int64(m), np.int64(capacity), np.int64(budget),
         np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
-        np.int64(max_advance if lookahead else 0), float(delay_penalty), entry_item, entry_delay)
+        np.int64(max_advance if lookahead else 0), float(delay_penalty), np.int64(pp), entry_item,
+        entry_delay)
     builder = _Builder(n, dp)
     builder.entry_item, builder.entry_delay = entry_item, entry_delay
     builder.n = int(ne)
@@ -419,5 +429,5 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         builder.step_mbs = step_mbs.tolist()
     steps = int(step_mbs.shape[0])
     leftover = _finish_tail(builder, rest, (steps - rest_arr).astype(np.int32), sizes, costs,
-                            dp, m, capacity, tail, rank_units, True)
+                            dp, m, capacity, tail, rank_units, True, pp)
     return builder.finish(leftover)

@@ -17,7 +17,7 @@ def reference_cost_per_token(sizes, costs) -> float:
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
                   rank_units=False, lump_tol=0.02, lookahead=True, max_advance=0,
-                  delay_penalty=0.002, tail="partial"):
+                  delay_penalty=0.002, tail="partial", pp=1):
     """Cost-balanced packing with bounded outlier delay.
 
     Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
@@ -126,12 +126,12 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         o = np.lexsort((-costs[cand], cls))
         cand, cand_idx = cand[o], cand_idx[o]
         out, counts, idx, rest = _pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
-                                             True)
+                                             True, pp)
         builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
         keep = np.ones(pool.shape[0], bool)
         keep[cand_idx[idx]] = False
         pool, arr = pool[keep], arr[keep]
         step += 1
     leftover = _finish_tail(builder, pool, (step - arr).astype(np.int32), sizes, costs, dp, m,
-                            capacity, tail, rank_units, True)
+                            capacity, tail, rank_units, True, pp)
     return builder.finish(leftover)

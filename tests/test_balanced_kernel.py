@@ -23,8 +23,10 @@ def stream(draw):
 
 
 @given(stream(), st.integers(1, 5), st.booleans(), st.booleans(),
-       st.sampled_from([0.005, 0.02, 0.1]), st.booleans(), st.integers(0, 3))
-def test_kernel_equals_reference(p, max_delay, rank_units, lookahead, lump_tol, by_count, adv):
+       st.sampled_from([0.005, 0.02, 0.1]), st.booleans(), st.integers(0, 3),
+       st.sampled_from([1, 1, 2, 4]))
+def test_kernel_equals_reference(p, max_delay, rank_units, lookahead, lump_tol, by_count, adv,
+                                 pp):
     sizes, dp, m, cap = p
     costs = sizes + sizes.astype(float) ** 2 / 4096
     if by_count:
@@ -32,7 +34,7 @@ def test_kernel_equals_reference(p, max_delay, rank_units, lookahead, lump_tol, 
     else:
         weights, budget = None, dp * m * cap
     kw = dict(weights=weights, rank_units=rank_units, lump_tol=lump_tol, lookahead=lookahead,
-              max_advance=adv if lookahead else 0, tail="carry")
+              max_advance=adv if lookahead else 0, tail="carry", pp=pp)
     a = plan_balanced(sizes, costs, dp, m, cap, budget, max_delay, **kw)
     b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, budget, max_delay, **kw)
     for f in a._fields:
@@ -45,10 +47,10 @@ def test_kernel_equals_reference(p, max_delay, rank_units, lookahead, lump_tol, 
 def test_kernel_equals_reference_on_real_lengths(wlbllm):
     sizes = wlbllm[:20000]
     costs = 3 * (sizes + sizes.astype(float) ** 2 / 65536)
-    for dp, m, ru, adv in [(1, 4, False, 4), (4, 2, False, 0), (4, 2, True, 4)]:
+    for dp, m, ru, adv, pp in [(1, 4, False, 4, 4), (4, 2, False, 0, 1), (4, 2, True, 4, 2)]:
         a = plan_balanced(sizes, costs, dp, m, 131072, dp * m * 131072, 4, rank_units=ru,
-                          max_advance=adv)
+                          max_advance=adv, pp=pp)
         b = naive_balanced.plan_balanced(sizes, costs, dp, m, 131072, dp * m * 131072, 4,
-                                         rank_units=ru, max_advance=adv)
+                                         rank_units=ru, max_advance=adv, pp=pp)
         for f in a._fields:
             assert np.array_equal(getattr(a, f), getattr(b, f)), (dp, m, ru, f)

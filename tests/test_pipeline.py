@@ -44,3 +44,24 @@ def test_rank_step_times_layout():
     times, bubble = rank_step_times(mb_f, mb_b, np.array([2, 1]), 2, 1)
     assert np.allclose(times, [[6, 12], [15, 3]])
     assert np.allclose(bubble, 0)
+
+
+def test_pipeline_order_close_to_best_permutation():
+    import itertools
+
+    from packing.pipeline import pipeline_order
+    rng = np.random.default_rng(1)
+    ratios = []
+    for _ in range(60):
+        pp, m = int(rng.choice([2, 4])), int(rng.choice([4, 5, 6]))
+        c = rng.lognormal(0, 0.6, m)
+
+        def span(o):
+            return simulate_1f1b(c[list(o)] / pp, 2 * c[list(o)] / pp, pp)[0]
+
+        o = pipeline_order(c, pp)
+        assert sorted(o.tolist()) == list(range(m))
+        best = min(span(p) for p in itertools.permutations(range(m)))
+        ratios.append(span(o) / best)
+        assert span(o) <= min(span(np.argsort(c)), span(np.argsort(-c))) + 1e-9
+    assert np.mean(ratios) < 1.02
