@@ -136,8 +136,9 @@ def rank_step_times(mb_fwd, mb_bwd, step_mbs, dp: int, pp: int):
 def _pipeline_order(cost, pp, swap_limit, out):
     """Order of one rank's microbatches (``cost`` float64[m], forward:backward taken as 1:2)
     for a short 1F1B makespan: a "mountain" (cheap ones at both ends, the costliest in the
-    middle, which lets the warm-up and the drain run on cheap microbatches), then pairwise swaps
-    while they shorten the simulated schedule (only when ``m <= swap_limit``)."""
+    middle, which lets the warm-up and the drain run on cheap microbatches) unless ascending or
+    descending order simulates shorter, then pairwise swaps while they shorten the simulated
+    schedule (only when ``m <= swap_limit``)."""
     m = cost.shape[0]
     a = np.argsort(cost, kind="mergesort")
     k = 0
@@ -148,7 +149,7 @@ def _pipeline_order(cost, pp, swap_limit, out):
     for i in range(last, 0, -2):
         out[k] = a[i]
         k += 1
-    if pp <= 1 or m > swap_limit or m < 3:
+    if pp <= 1 or m < 3:
         return
     f = np.empty(m)
     b = np.empty(m)
@@ -161,7 +162,18 @@ def _pipeline_order(cost, pp, swap_limit, out):
         busy[:] = 0.0
         return _simulate_1f1b(f, b, pp, busy)
 
+    # start from the best of mountain, ascending and descending
     best = makespan(out)
+    alt = np.empty(m, dtype=np.int64)
+    for direction in range(2):
+        for j in range(m):
+            alt[j] = a[j] if direction == 0 else a[m - 1 - j]
+        v = makespan(alt)
+        if v < best * (1.0 - 1e-12):
+            best = v
+            out[:] = alt
+    if m > swap_limit:
+        return
     improved = True
     while improved:
         improved = False
