@@ -1,26 +1,35 @@
 """One place that decides how kernels are compiled and where their cache lives.
 
-Every kernel in :mod:`packing` is decorated with :func:`kernel`, which is ``numba.njit`` with
-``cache=True`` when a writable cache location exists. The cache directory can be overridden with
-``BALANCER_NUMBA_CACHE_DIR`` (or numba's own ``NUMBA_CACHE_DIR``), which must be set before
-:mod:`packing` is imported. On a read-only install with no writable cache location the kernels
-are compiled in memory instead of failing at import time.
+Every kernel in :mod:`packing` is decorated with :func:`kernel`: ``numba.njit`` with
+``cache=True`` when a writable cache location exists. Kernels are cached under
+``<base>/packing-<hash of this package's sources>``, where ``<base>`` is
+``$BALANCER_NUMBA_CACHE_DIR`` (or numba's ``$NUMBA_CACHE_DIR``), else ``$XDG_CACHE_HOME/balancer``
+(``~/.cache/balancer``). Keying the directory on every source file matters: numba invalidates a
+cached kernel when *its own* file changes, not when a kernel it calls (in another file) does, so a
+shared directory could serve a stale inlined callee after an upgrade. The variables must be set
+before :mod:`packing` is imported. With no writable location (a read-only install and home) the
+kernels compile in memory instead of failing at import time.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import warnings
-
-_override = os.environ.get("BALANCER_NUMBA_CACHE_DIR")
-if _override:
-    os.environ["NUMBA_CACHE_DIR"] = _override
+from pathlib import Path
 
 import numba  # noqa: E402
 from numba.core import config as _numba_config  # noqa: E402
 
-if _override:
-    _numba_config.CACHE_DIR = _override
+_HERE = Path(__file__).resolve().parent
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256(numba.__version__.encode())
+    for p in sorted(_HERE.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _dir_writable(path: str) -> bool:
@@ -33,19 +42,16 @@ def _dir_writable(path: str) -> bool:
         return False
 
 
-def _cache_usable() -> bool:
-    """True when numba can persist compiled kernels somewhere."""
-    if _numba_config.CACHE_DIR:
-        return _dir_writable(_numba_config.CACHE_DIR)
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
-    if _dir_writable(here):
-        return True
-    # numba's user-wide fallback locator (~/.cache/numba or $XDG_CACHE_HOME)
-    home_cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "numba")
-    return _dir_writable(home_cache)
+def _cache_dir() -> str | None:
+    base = (os.environ.get("BALANCER_NUMBA_CACHE_DIR") or os.environ.get("NUMBA_CACHE_DIR")
+            or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                            "balancer"))
+    path = os.path.join(base, f"packing-{_source_hash()}")
+    return path if _dir_writable(path) else None
 
 
-CACHE_ENABLED = _cache_usable()
+CACHE_DIR = _cache_dir()
+CACHE_ENABLED = CACHE_DIR is not None
 if not CACHE_ENABLED:  # pragma: no cover - exercised by a subprocess test
     warnings.warn(
         "packing: no writable numba cache location; kernels compile in memory on every start. "
@@ -58,4 +64,13 @@ if not CACHE_ENABLED:  # pragma: no cover - exercised by a subprocess test
 def kernel(fn):
     """``numba.njit`` with disk caching when possible; one compiled specialisation per kernel is
     expected because public wrappers convert every argument to a fixed dtype first."""
-    return numba.njit(cache=CACHE_ENABLED, nogil=True)(fn)
+    if not CACHE_ENABLED:
+        return numba.njit(cache=False, nogil=True)(fn)
+    # numba picks a kernel's cache location when it is decorated; point it at our directory for
+    # that moment only, so other numba users in the process keep their own setting
+    previous = _numba_config.CACHE_DIR
+    _numba_config.CACHE_DIR = CACHE_DIR
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    finally:
+        _numba_config.CACHE_DIR = previous
