@@ -11,7 +11,7 @@ from ._jit import kernel
 from .delay import _schedule_lumps
 from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 from .pipeline import _pipeline_order
-from .steppack import _pack_step
+from .steppack import _pack_step, _priority_order
 
 
 @kernel
@@ -290,17 +290,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
             nc += 1
         if pos >= n and nc < n_bins:
             break
-        cost_key = np.empty(nc)
+        ccost = np.empty(nc)
         for t in range(nc):
-            cost_key[t] = -costs[pool[ck[t]]]
-        o1 = np.argsort(cost_key, kind="mergesort")
+            ccost[t] = costs[pool[ck[t]]]
+        o1 = np.empty(nc, dtype=np.int64)
+        _priority_order(cls[:nc], ccost, o1)
         order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
-        t = 0
-        for c in range(4):
-            for q in range(nc):
-                if cls[o1[q]] == c:
-                    order[t] = ck[o1[q]]
-                    t += 1
+        for t in range(nc):
+            order[t] = ck[o1[t]]
         items = np.empty(nc, dtype=np.int64)
         for t in range(nc):
             items[t] = pool[order[t]]

@@ -129,3 +129,55 @@ def pack_step(order, sizes, costs, n_units: int, bins_per_unit: int, capacity: i
     _pack_step(order, sizes, costs, np.int64(n_units), np.int64(bins_per_unit), np.int64(capacity),
                bin_of, bin_tokens, bin_cost, bin_count)
     return bin_of, bin_tokens, bin_cost, bin_count
+
+
+@kernel
+def _priority_order(cls, cost, out):
+    """Stable order by class ascending, then cost descending (ties keep input order): LSD radix
+    sort on the IEEE bits of the non-negative costs (four 16-bit passes), then a counting sort
+    on the class. O(n), where a comparison sort per step was the planner's largest cost.
+    ``cls`` int64[n] in 0..3, ``cost`` float64[n] >= 0; fills ``out`` (int64[n])."""
+    n = cost.shape[0]
+    ka = np.empty(n, dtype=np.uint64)
+    kb = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        # descending cost = ascending complement of the (order-preserving) bit pattern
+        ka[i] = ~np.float64(cost[i]).view(np.uint64)
+    a = np.empty(n, dtype=np.int64)
+    b = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        a[i] = i
+    count = np.empty(2049, dtype=np.int64)
+    for shift in range(0, 64, 11):
+        sh = np.uint64(shift)
+        count[:] = 0
+        for i in range(n):
+            count[((ka[i] >> sh) & np.uint64(0x7FF)) + 1] += 1
+        for d in range(2048):
+            count[d + 1] += count[d]
+        for i in range(n):
+            d = (ka[i] >> sh) & np.uint64(0x7FF)
+            p = count[d]
+            b[p] = a[i]
+            kb[p] = ka[i]
+            count[d] = p + 1
+        a, b = b, a
+        ka, kb = kb, ka
+    c4 = np.zeros(5, dtype=np.int64)
+    for i in range(n):
+        c4[cls[i] + 1] += 1
+    for d in range(4):
+        c4[d + 1] += c4[d]
+    for i in range(n):
+        j = a[i]
+        out[c4[cls[j]]] = j
+        c4[cls[j]] += 1
+
+
+def priority_order(cls, cost) -> np.ndarray:
+    """Indices sorted by (class ascending, cost descending), stable."""
+    cls = np.ascontiguousarray(cls, dtype=np.int64)
+    cost = np.ascontiguousarray(cost, dtype=np.float64)
+    out = np.empty(cost.shape[0], dtype=np.int64)
+    _priority_order(cls, cost, out)
+    return out
