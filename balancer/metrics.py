@@ -44,7 +44,10 @@ def check_coverage(plan: Plan, lengths: np.ndarray) -> dict:
     start = np.concatenate([plan.entry_start, plan.leftover.start])
     length = np.concatenate([plan.entry_length, plan.leftover.length])
     covered = np.bincount(samp, weights=length, minlength=n)[:n]
-    o = np.lexsort((start, samp))
+    # pieces can only overlap pieces of the same sample: sort just the samples cut in pieces
+    # (most samples are whole, and a lexsort of every entry dominates the report's time)
+    multi = np.flatnonzero(np.bincount(samp, minlength=n)[samp] > 1)
+    o = multi[np.lexsort((start[multi], samp[multi]))]
     s, st, ln = samp[o], start[o], length[o]
     same = s[1:] == s[:-1]
     overlap = np.zeros(n, dtype=bool)
@@ -173,3 +176,274 @@ def plan_summary(plan: Plan, cost: CostModel, lengths: np.ndarray) -> dict:
         "cost_unit": cost.unit,
     }
     return out
+
+
+# ---- report metrics ------------------------------------------------------------------------
+# Everything below feeds ``python -m balancer report``; like the block above it recomputes
+# from the plan's entries and the cost model, never from ``plan.mb_fwd``/``plan.mb_bwd``.
+
+def microbatch_costs(plan: Plan, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Recomputed ``(forward, backward)`` cost of every microbatch, float64[M] each."""
+    if plan.n_microbatches == 0:
+        return np.zeros(0), np.zeros(0)
+    fwd, bwd = cost.doc_costs(plan.entry_length)
+    cf, cb = cost.microbatch_constant
+    starts = plan.mb_offsets[:-1]
+    return np.add.reduceat(fwd, starts) + cf, np.add.reduceat(bwd, starts) + cb
+
+
+def prediction_error(plan: Plan, cost: CostModel, costs=None) -> float:
+    """Largest relative difference between the recomputed microbatch costs (``costs``, as
+    :func:`microbatch_costs` returns, computed when None) and the planner's own predictions
+    (``plan.mb_fwd``/``plan.mb_bwd``): ~1e-16 unless they disagree."""
+    f, b = microbatch_costs(plan, cost) if costs is None else costs
+    if f.size == 0:
+        return 0.0
+    pred = np.concatenate([plan.mb_fwd, plan.mb_bwd])
+    ours = np.concatenate([f, b])
+    if pred.shape != ours.shape:
+        return float("inf")
+    return float((np.abs(pred - ours) / np.maximum(np.abs(ours), 1e-300)).max())
+
+
+def validate_plan(plan: Plan, lengths: np.ndarray | None = None) -> dict:
+    """Structural checks and token coverage of a plan. ``lengths`` (int64[n]) are the samples'
+    lengths; without them each sample's length is taken as the end of its last piece, so a
+    missing middle piece or a missing sample is still found, a missing final piece is not.
+
+    Returns ``{"valid", "problems": [str], "samples_planned", "samples_lost",
+    "samples_duplicated", "samples_left_over"}``; ``valid`` is False on any problem."""
+    problems = []
+    n = int(plan.n_samples if lengths is None else len(lengths))
+    if lengths is not None and plan.n_samples != n:
+        problems.append(f"plan is for {plan.n_samples} samples, the lengths have {n}")
+    off = plan.mb_offsets
+    E = plan.entry_sample.shape[0]
+    if off.shape[0] == 0 or off[0] != 0 or off[-1] != E or (np.diff(off) < 0).any():
+        problems.append(f"mb_offsets do not partition the {E} entries")
+    elif (np.diff(off) == 0).any():
+        problems.append(f"{int((np.diff(off) == 0).sum())} microbatches are empty")
+    if int((plan.step_mbs * plan.layout.dp).sum()) != plan.n_microbatches:
+        problems.append(f"step_mbs x dp = {int((plan.step_mbs * plan.layout.dp).sum())} "
+                        f"microbatches, the plan has {plan.n_microbatches}")
+    samp = np.concatenate([plan.entry_sample, plan.leftover.sample])
+    start = np.concatenate([plan.entry_start, plan.leftover.start])
+    length = np.concatenate([plan.entry_length, plan.leftover.length])
+    bad = (samp < 0) | (samp >= n) | (length <= 0) | (start < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        problems.append(f"{int(bad.sum())} entries are out of range (first: sample {int(samp[i])}, "
+                        f"start {int(start[i])}, length {int(length[i])}, {n} samples)")
+    if not problems and plan.n_microbatches:
+        unit = 2 * plan.layout.cp if plan.layout.cp > 1 else 1
+        padded = -(-plan.entry_length // unit) * unit
+        over = np.add.reduceat(padded, off[:-1]) > plan.layout.capacity
+        if over.any():
+            problems.append(f"{int(over.sum())} microbatches exceed the capacity "
+                            f"{plan.layout.capacity} (first: microbatch {int(np.flatnonzero(over)[0])})")
+    cov = {"samples_planned": 0, "samples_lost": 0, "samples_duplicated": 0,
+           "samples_left_over": 0}
+    if not bad.any():
+        if lengths is None:
+            ends = np.zeros(n, np.int64)
+            np.maximum.at(ends, samp, start + length)
+            cov = check_coverage(plan, ends)
+            absent = int((ends == 0).sum())  # never seen: lost
+            cov["samples_lost"] += absent
+            cov["samples_planned"] -= absent
+        else:
+            cov = check_coverage(plan, np.asarray(lengths, dtype=np.int64))
+    if cov["samples_lost"] or cov["samples_duplicated"]:
+        problems.append(f"{cov['samples_lost']} samples lost, {cov['samples_duplicated']} "
+                        f"duplicated")
+    return {"valid": not problems, "problems": problems, **cov}
+
+
+def pipeline_timeline(fwd, bwd, pp: int) -> dict:
+    """Every op of one DP rank's non-interleaved 1F1B schedule (the order and dependencies of
+    ``packing.pipeline``), for Gantt charts. ``fwd``/``bwd``: per-stage durations float64[m].
+
+    Returns arrays of length ``2 m pp``: ``stage`` int64, ``kind`` int64 (0 forward,
+    1 backward), ``mb`` int64, ``start``/``end`` float64."""
+    fwd = np.asarray(fwd, dtype=np.float64)
+    bwd = np.asarray(bwd, dtype=np.float64)
+    m = fwd.shape[0]
+    orders = []
+    for s in range(pp):
+        warm = min(pp - 1 - s, m)
+        seq = [(0, j) for j in range(warm)]
+        f = warm
+        for b in range(m):
+            if f < m:
+                seq.append((0, f))
+                f += 1
+            seq.append((1, b))
+        orders.append(seq)
+    end = {}
+    nxt = [0] * pp
+    clock = [0.0] * pp
+    rows = []
+    while len(rows) < 2 * m * pp:
+        progressed = False
+        for s in range(pp):
+            while nxt[s] < len(orders[s]):
+                k, j = orders[s][nxt[s]]
+                if k == 0:
+                    dep = 0.0 if s == 0 else end.get((0, s - 1, j))
+                else:
+                    dep = end.get((0, s, j)) if s == pp - 1 else end.get((1, s + 1, j))
+                if dep is None:
+                    break
+                t0 = max(clock[s], dep)
+                t1 = t0 + (fwd[j] if k == 0 else bwd[j])
+                end[(k, s, j)] = clock[s] = t1
+                rows.append((s, k, j, t0, t1))
+                nxt[s] += 1
+                progressed = True
+        if not progressed:  # pragma: no cover - a 1F1B order never deadlocks
+            raise RuntimeError("1F1B schedule deadlocked")
+    a = np.array(rows, dtype=np.float64).reshape(-1, 5)
+    return {"stage": a[:, 0].astype(np.int64), "kind": a[:, 1].astype(np.int64),
+            "mb": a[:, 2].astype(np.int64), "start": a[:, 3], "end": a[:, 4]}
+
+
+def _rank_groups(plan: Plan) -> np.ndarray:
+    """Group id (step * dp + rank) of every microbatch, int64[M]."""
+    sizes = np.repeat(plan.step_mbs, plan.layout.dp)
+    return np.repeat(np.arange(sizes.shape[0]), sizes)
+
+
+def pipeline_times(plan: Plan, cost: CostModel, order: str = "planned",
+                   costs=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(times float64[S, dp], bubble float64[S, dp])``: every DP rank's step time (1F1B
+    simulated over ``pp`` stages; the plain cost sum when pp == 1) and bubble fraction, with the
+    microbatches of each rank run in the ``planned`` order or re-ordered by total cost
+    (``descending``/``ascending``) to show what the order is worth. ``costs``: the
+    microbatch costs of :func:`microbatch_costs` when already computed."""
+    if order not in ("planned", "descending", "ascending"):
+        raise ValueError(f"order {order!r} is not one of planned, descending, ascending")
+    lay = plan.layout
+    f, b = microbatch_costs(plan, cost) if costs is None else costs
+    if order != "planned" and lay.pp > 1:
+        c = f + b
+        key = -c if order == "descending" else c
+        o = np.lexsort((key, _rank_groups(plan)))
+        f, b = f[o], b[o]
+    if lay.pp > 1:
+        return rank_step_times(f, b, plan.step_mbs, lay.dp, lay.pp)
+    g = _rank_groups(plan)
+    times = np.bincount(g, weights=f + b, minlength=plan.n_steps * lay.dp)
+    times = times.reshape(plan.n_steps, lay.dp)
+    return times, np.zeros_like(times)
+
+
+def seconds_per_cost(cost: CostModel) -> float | None:
+    """Seconds per cost unit on one GPU, or None when the model's unit has no clock time."""
+    if cost.unit == "seconds":
+        return 1.0
+    if cost.unit == "flops" and cost.flops_per_second:
+        return 1.0 / cost.flops_per_second
+    return None
+
+
+def gpu_time(times: np.ndarray, bubble: np.ndarray, layout, cost: CostModel) -> dict:
+    """Where the GPU time of an epoch goes, from per-step per-rank pipeline ``times`` and
+    ``bubble`` fractions (float64[S, dp], as :func:`pipeline_times` returns).
+
+    A DP rank holds ``pp x cp`` GPUs; a step lasts as long as its slowest rank. GPU time splits
+    exactly into ``useful`` (the ranks' microbatch costs), ``pp_bubble`` (1F1B fill and drain
+    and waits inside a rank's pipeline) and ``dp_idle`` (ranks waiting for the slowest one).
+    Values are GPU-seconds when the cost model has a clock (``unit``), else cost units x GPUs.
+    CP imbalance inside a microbatch is not included (see ``cp_imbalance``)."""
+    pp = layout.pp
+    spc = seconds_per_cost(cost)
+    scale = spc if spc is not None else 1.0
+    tmax = times.max(axis=1, keepdims=True) if times.size else np.zeros((0, 1))
+    total = float(pp * tmax.sum() * times.shape[1]) * scale
+    dp_idle = float(pp * (tmax - times).sum()) * scale
+    pp_bub = float(pp * (bubble * times).sum()) * scale
+    out = {"unit": "GPU-seconds" if spc is not None else f"{cost.unit} x GPUs",
+           "total": total, "useful": total - dp_idle - pp_bub, "dp_idle": dp_idle,
+           "pp_bubble": pp_bub,
+           "dp_idle_fraction": dp_idle / total if total > 0 else 0.0,
+           "pp_bubble_fraction": pp_bub / total if total > 0 else 0.0}
+    # wall-clock of the epoch: a stage's cost is spread over cp GPUs
+    out["est_epoch_seconds"] = (float(tmax.sum()) / layout.cp * spc) if spc is not None else None
+    return out
+
+
+def padding_waste(plan: Plan) -> dict:
+    """Token slots of the epoch (microbatches x capacity) and where they go: real tokens, CP
+    padding (every document padded to a multiple of 2 cp) and unused capacity."""
+    cp = plan.layout.cp
+    tokens = int(plan.entry_length.sum())
+    unit = 2 * cp if cp > 1 else 1
+    padded = int((-(-plan.entry_length // unit) * unit).sum())
+    slots = plan.n_microbatches * plan.layout.capacity
+    frac = (lambda x: x / slots) if slots else (lambda x: 0.0)
+    return {"slots": slots, "tokens": tokens, "cp_padding_tokens": padded - tokens,
+            "unused_tokens": slots - padded, "cp_padding_fraction": frac(padded - tokens),
+            "unused_fraction": frac(slots - padded),
+            "waste_fraction": frac(slots - tokens)}
+
+
+def _entry_steps(plan: Plan) -> np.ndarray:
+    mb_step = np.repeat(np.arange(plan.n_steps), plan.step_mbs * plan.layout.dp)
+    return np.repeat(mb_step, np.diff(plan.mb_offsets))
+
+
+def samples_per_step(plan: Plan) -> np.ndarray:
+    """Samples that start in each step (a chunked sample counts once, where its first piece
+    is), int64[S]."""
+    first = plan.entry_start == 0
+    return np.bincount(_entry_steps(plan)[first], minlength=plan.n_steps)
+
+
+def token_lower_bound_ratio(plan: Plan) -> np.ndarray:
+    """Per step: the largest DP rank's tokens over max(step tokens / dp, largest document),
+    float64[S] (1 = as even as tokens allow)."""
+    lay = plan.layout
+    if plan.n_steps == 0:
+        return np.zeros(0)
+    est = _entry_steps(plan)
+    g = np.repeat(_rank_groups(plan), np.diff(plan.mb_offsets))
+    rank_tok = np.bincount(g, weights=plan.entry_length,
+                           minlength=plan.n_steps * lay.dp).reshape(plan.n_steps, lay.dp)
+    biggest = np.zeros(plan.n_steps)
+    np.maximum.at(biggest, est, plan.entry_length.astype(np.float64))
+    lb = np.maximum(rank_tok.sum(axis=1) / lay.dp, biggest)
+    return rank_tok.max(axis=1) / np.where(lb > 0, lb, 1.0)
+
+
+def epoch_lower_bounds(plan: Plan, cost: CostModel) -> dict:
+    """Bounds no plan of these pieces can beat: the fewest steps that hold the padded tokens at
+    ``dp x microbatches`` full microbatches, and the epoch time of a perfectly balanced,
+    bubble-free pipeline (every GPU busy: total cost / (dp pp), in the units of
+    ``est_step_time_total``), plus the microbatch constants of the fewest microbatches."""
+    lay = plan.layout
+    unit = 2 * lay.cp if lay.cp > 1 else 1
+    padded = int((-(-plan.entry_length // unit) * unit).sum())
+    per_step = lay.dp * lay.microbatches * lay.capacity
+    fwd, bwd = cost.doc_costs(plan.entry_length)
+    cf, cb = cost.microbatch_constant
+    min_mbs = -(-padded // lay.capacity)
+    total = float(fwd.sum() + bwd.sum()) + min_mbs * (cf + cb)
+    return {"steps_lower_bound": int(-(-padded // per_step)),
+            "time_lower_bound": total / (lay.dp * lay.pp)}
+
+
+def delay_histogram(plan: Plan) -> dict[str, int]:
+    """Documents by the steps they waited: ``{"d": count}`` for every delay d from the
+    smallest to the largest in the plan (keys are strings, as in JSON; a negative delay, a
+    document placed before the step that read it, is counted like any other)."""
+    d = plan.entry_delay.astype(np.int64)
+    if d.size == 0:
+        return {}
+    lo = int(d.min())
+    return {str(lo + i): int(c) for i, c in enumerate(np.bincount(d - lo))}
+
+
+def speedup(baseline_time: float, time: float) -> float:
+    """Estimated end-to-end speedup of a plan taking ``time`` over one taking
+    ``baseline_time`` (epoch totals in the same units); > 1 means faster."""
+    return float(baseline_time / time) if time > 0 else float("nan")

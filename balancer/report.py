@@ -1,0 +1,389 @@
+"""The imbalance report: how much time a layout wastes on a workload, level by level, and what
+each packing strategy buys.
+
+``python -m balancer report --lengths X.npy --capacity N ...`` plans the workload with every
+strategy asked for (default: the baselines and ``balanced``); ``--plan DIR`` reports a stored
+plan (``balancer.store``). Either way it writes, under ``--out``:
+
+* ``report.json``: the stable per-strategy block of ``tools/bench.py``
+  (:func:`balancer.metrics.plan_summary`) plus every extra figure (padding, lower bounds,
+  GPU-time breakdown, microbatch order effect, delay histogram, speedups, per-step series);
+* ``report.md``: the same as tables a person reads;
+* ``*.png``: imbalance per step, per-rank cost distribution, the 1F1B timeline of the worst
+  step, the length histogram;
+
+and prints a summary table. A plan that loses or duplicates a sample (or breaks its own
+structure) is marked ``"valid": false`` with the counts and is not summarised.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import cli_args, metrics, workloads
+from .cli import command
+from .config import Layout, PlannerConfig
+from .cost import CostModel, load_cost_model
+from .planner import Plan, plan_epoch
+from .samples import SampleTable
+
+#: strategies tried as the reference for speedups, first present wins
+BASELINES = ("sequential", "ffd_tokens", "kk_tokens")
+#: per-step series are kept in report.json up to this many steps
+MAX_SERIES_STEPS = 100_000
+
+
+# ---- analysis ------------------------------------------------------------------------------
+def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[dict, dict | None]:
+    """The report block of one plan and the arrays the plots need (None for an invalid plan).
+
+    ``lengths`` int64[n] are the samples' lengths (None: inferred from the plan, see
+    :func:`balancer.metrics.validate_plan`)."""
+    check = metrics.validate_plan(plan, lengths)
+    if not check["valid"]:
+        return {"valid": False, "problems": check["problems"], "steps": plan.n_steps,
+                "plan_seconds": float(plan.stats.get("plan_seconds", float("nan"))),
+                **{k: v for k, v in check.items() if k.startswith("samples_")}}, None
+    if lengths is None:  # plan_summary's coverage needs lengths: those the check inferred
+        lengths = np.zeros(plan.n_samples, np.int64)
+        np.maximum.at(lengths, np.concatenate([plan.entry_sample, plan.leftover.sample]),
+                      np.concatenate([plan.entry_start + plan.entry_length,
+                                      plan.leftover.start + plan.leftover.length]))
+    block = metrics.plan_summary(plan, cost, lengths)
+    block["problems"] = []
+    block["plan_seconds_per_step"] = block["plan_seconds"] / max(plan.n_steps, 1)
+    mb_f, mb_b = mbc = metrics.microbatch_costs(plan, cost)
+    block["prediction_max_rel_error"] = metrics.prediction_error(plan, cost, mbc)
+    sm = metrics.step_metrics(plan, cost)
+    times, bubble = metrics.pipeline_times(plan, cost, costs=mbc)
+    step_time = times.max(axis=1)
+    spc = metrics.seconds_per_cost(cost)
+    # a stage's cost is shared by cp GPUs: seconds of a step = cost / cp * seconds per cost
+    to_s = (lambda x: np.asarray(x) / plan.layout.cp * spc) if spc is not None else None
+    block["est_step_time"] = metrics.summarize(step_time)
+    block["est_step_seconds"] = metrics.summarize(to_s(step_time)) if to_s else None
+    block["gpu_time"] = metrics.gpu_time(times, bubble, plan.layout, cost)
+    block["dp_idle_time_per_step"] = metrics.summarize(sm["idle_time"])
+    order = {"planned_total": float(step_time.sum())}
+    if plan.layout.pp > 1:
+        per = {"planned": step_time}
+        for o in ("descending", "ascending"):
+            per[o] = metrics.pipeline_times(plan, cost, o, costs=mbc)[0].max(axis=1)
+            order[f"{o}_total"] = float(per[o].sum())
+        best = np.minimum.reduce(list(per.values()))
+        order["planned_over_best"] = metrics.summarize(step_time / best)
+    block["pp_order"] = order
+    spstep = metrics.samples_per_step(plan)
+    block["samples_per_step"] = metrics.summarize(spstep)
+    block["documents_per_step"] = metrics.summarize(sm["samples"])
+    block["tokens_per_step"] = metrics.summarize(sm["tokens"])
+    block["token_lower_bound_ratio"] = metrics.summarize(metrics.token_lower_bound_ratio(plan))
+    lb = metrics.epoch_lower_bounds(plan, cost)
+    block.update(lb)
+    block["time_lower_bound_ratio"] = (block["est_step_time_total"] / lb["time_lower_bound"]
+                                       if lb["time_lower_bound"] > 0 else float("nan"))
+    block["padding"] = metrics.padding_waste(plan)
+    block["outlier_delay_histogram"] = metrics.delay_histogram(plan)
+    if plan.n_steps <= MAX_SERIES_STEPS:
+        block["per_step"] = {"microbatch_imbalance": sm["microbatch_imbalance"].tolist(),
+                             "dp_imbalance": sm["dp_imbalance"].tolist(),
+                             "pp_bubble_fraction": sm["pp_bubble_fraction"].tolist(),
+                             "est_step_time": step_time.tolist(),
+                             "samples": spstep.tolist()}
+    # the step whose slowest rank is furthest above a perfectly shared, bubble-free step
+    # (full steps only, a short final step is all bubble by construction)
+    step_total = np.bincount(np.repeat(np.arange(plan.n_steps), plan.step_mbs * plan.layout.dp),
+                             weights=mb_f + mb_b, minlength=plan.n_steps)
+    inflation = step_time / np.maximum(step_total / (plan.layout.dp * plan.layout.pp), 1e-300)
+    full = plan.step_mbs == plan.layout.microbatches
+    worst = int(np.argmax(np.where(full, inflation, -np.inf) if full.any() else inflation))
+    block["worst_step"] = {"step": worst, "inflation": float(inflation[worst]),
+                           "dp_imbalance": float(sm["dp_imbalance"][worst])}
+    ids = [plan.microbatch_ids(worst, r) for r in range(plan.layout.dp)]
+    detail = {"step_mb_imbalance": sm["microbatch_imbalance"], "step_dp_imbalance":
+              sm["dp_imbalance"], "step_time": step_time, "rank_time": times,
+              "microbatch_cost": sm["microbatch_cost"], "to_seconds": to_s,
+              "worst_step": worst, "worst_fwd": [mb_f[i] / plan.layout.pp for i in ids],
+              "worst_bwd": [mb_b[i] / plan.layout.pp for i in ids]}
+    return block, detail
+
+
+def workload_block(lengths: np.ndarray, cost: CostModel, name: str | None) -> dict:
+    f, b = cost.doc_costs(lengths)
+    return {"samples": int(lengths.shape[0]), "tokens": int(lengths.sum()), "name": name,
+            "length": {"mean": float(lengths.mean()), "p50": float(np.percentile(lengths, 50)),
+                       "p90": float(np.percentile(lengths, 90)),
+                       "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max())},
+            "total_cost": float(f.sum() + b.sum())}
+
+
+def layout_block(layout: Layout) -> dict:
+    return {"dp": layout.dp, "pp": layout.pp, "cp": layout.cp,
+            "microbatches": layout.microbatches, "capacity": layout.capacity}
+
+
+def add_speedups(report: dict) -> None:
+    """``report["baseline"]`` and every valid strategy's ``speedup_vs_baseline`` (epoch time of
+    the baseline over its own)."""
+    valid = {k: v for k, v in report["strategies"].items() if v.get("valid")}
+    base = next((b for b in BASELINES if b in valid), next(iter(valid), None))
+    report["baseline"] = base
+    report["speedup"] = {}
+    for name, s in valid.items():
+        x = metrics.speedup(valid[base]["est_step_time_total"], s["est_step_time_total"])
+        s["speedup_vs_baseline"] = x
+        report["speedup"][name] = x
+
+
+def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: PlannerConfig,
+                 names: list[str], *, workload: str | None = None,
+                 plans: dict[str, Plan] | None = None) -> tuple[dict, dict]:
+    """Plan ``lengths`` with every strategy in ``names`` (after any given ``plans``, reported
+    as they are) and analyse each. Returns ``(report dict, plot details by strategy)``."""
+    samples = SampleTable(lengths)
+    report = {"workload": workload_block(samples.lengths, cost, workload),
+              "layout": layout_block(layout), "cost_model": cost.name, "cost_unit": cost.unit,
+              "config": config.model_dump(), "strategies": {}}
+    details = {}
+    items = list((plans or {}).items())
+    for name, plan in items:
+        report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths)
+    for name in names:
+        if name in report["strategies"]:
+            continue
+        plan = plan_epoch(samples, cost, layout, config.model_copy(update={"strategy": name}))
+        t0 = time.perf_counter()
+        report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths)
+        report["strategies"][name]["analyze_seconds"] = time.perf_counter() - t0
+    add_speedups(report)
+    return report, details
+
+
+# ---- output --------------------------------------------------------------------------------
+def _jsonable(x):
+    """NaN/inf become null: report.json stays strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return _jsonable(x.item())
+    return x
+
+
+def write_report(report: dict, details: dict, out: str | Path, lengths: np.ndarray,
+                 cost: CostModel, *, plots: bool = True, t0: float | None = None) -> dict:
+    """Write report.json, report.md and (unless ``plots`` is False) the PNGs under ``out``.
+    Returns ``{kind: path}`` of the files written (also stored in ``report["files"]``);
+    ``t0`` (a ``time.perf_counter()`` reading) sets ``report["report_seconds"]``."""
+    from . import report_md
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    if plots:
+        from . import plots as P
+        t1 = time.perf_counter()
+        files.update(P.write_all(report, details, lengths, cost, out))
+        report["plot_seconds"] = time.perf_counter() - t1
+    files["markdown"] = str(out / "report.md")
+    files["json"] = str(out / "report.json")
+    report["files"] = {k: Path(v).name for k, v in files.items()}
+    if t0 is not None:
+        report["report_seconds"] = time.perf_counter() - t0
+    Path(files["markdown"]).write_text(report_md.render(report))
+    with open(files["json"], "w") as f:
+        json.dump(_jsonable(report), f, indent=1)
+    return files
+
+
+def format_summary(report: dict) -> str:
+    """The terminal table: one line per strategy, invalid plans marked with their counts."""
+    w, lay = report["workload"], report["layout"]
+    lines = [f"workload: {w.get('name') or '?'} {w['samples']:,} samples, {w['tokens']:,} tokens "
+             f"| dp={lay['dp']} pp={lay['pp']} cp={lay['cp']} microbatches={lay['microbatches']} "
+             f"capacity={lay['capacity']:,} | cost {report['cost_model']}"]
+    secs = any((s.get("gpu_time") or {}).get("est_epoch_seconds") is not None
+               for s in report["strategies"].values())
+    tcol = "epoch s" if secs else "est time"
+    nw = max([12] + [len(n) for n in report["strategies"]])
+    hdr = (f"{'strategy':<{nw}} {'steps':>6} {'eff':>6} {'mb imb':>7} {'dp imb':>7} {'cp imb':>7} "
+           f"{'bubble':>6} {'LB ratio':>8} {'delay':>5} {'dmax':>4} {'idle %':>6} {tcol:>10} "
+           f"{'speedup':>7} {'plan s':>6}")
+    lines += [hdr, "-" * len(hdr)]
+    for name, s in report["strategies"].items():
+        if not s.get("valid"):
+            lines.append(f"{name:<{nw}} INVALID: {s['samples_lost']} samples lost, "
+                         f"{s['samples_duplicated']} duplicated; " + "; ".join(s["problems"]))
+            continue
+        g = s["gpu_time"]
+        t = g["est_epoch_seconds"] if secs else s["est_step_time_total"]
+        lines.append(
+            f"{name:<{nw}} {s['steps']:6d} {s['packing_efficiency']:6.4f} "
+            f"{s['microbatch_imbalance']['mean']:7.4f} {s['dp_imbalance']['mean']:7.4f} "
+            f"{s['cp_imbalance']['mean']:7.4f} {s['pp_bubble_fraction']['mean']:6.3f} "
+            f"{s['lower_bound_ratio']['mean']:8.4f} {s['outlier_delay_steps']['mean']:5.2f} "
+            f"{s['outlier_delay_steps']['max']:4.0f} "
+            f"{100 * (g['dp_idle_fraction'] + g['pp_bubble_fraction']):6.1f} {t:10.4g} "
+            f"{s['speedup_vs_baseline']:6.3f}x {s['plan_seconds']:6.3f}")
+    base = report.get("baseline")
+    if base:
+        lines.append(f"speedup: estimated epoch time of {base} over each strategy's; idle %: GPU "
+                     f"time in pipeline bubbles and DP waits")
+    return "\n".join(lines)
+
+
+# ---- command -------------------------------------------------------------------------------
+def _load_stored_plan(path: str, epoch: int = 0):
+    try:
+        from . import store
+    except ModuleNotFoundError as e:
+        if e.name != "balancer.store":
+            raise
+        raise ValueError(f"--plan {path}: reading stored plans needs balancer.store (the "
+                         f"precompute module), which this installation does not have yet; "
+                         f"report the workload with --lengths instead") from None
+    return store.load_plan(path, epoch) if epoch else store.load_plan(path)
+
+
+def _manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:
+    """Sample lengths a plan directory points at: a ``.npy`` named in the manifest (top level
+    or its ``extra``), or ``lengths.npy`` inside the directory; None when there is none."""
+    m = manifest if isinstance(manifest, dict) else {}
+    extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
+    for where in (m, extra):
+        for key in ("lengths", "lengths_path", "lengths_file", "workload"):
+            v = where.get(key)
+            if isinstance(v, str):
+                for cand in (plan_dir / v, Path(v)):
+                    if cand.suffix == ".npy" and cand.is_file():
+                        return workloads.load(str(cand))
+    f = plan_dir / "lengths.npy"
+    return workloads.load(str(f)) if f.is_file() else None
+
+
+def _plan_cost_model(name: str | None, manifest: dict, plan: Plan) -> CostModel:
+    """``--cost-model`` when given, else the stored plan's: its full spec when the manifest
+    carries one (``{"name", "spec"}``), else a preset of that name."""
+    if name:
+        return load_cost_model(name)
+    cm = manifest.get("cost_model") if isinstance(manifest, dict) else None
+    if isinstance(cm, dict):
+        if cm.get("spec"):
+            return CostModel.model_validate(cm["spec"])
+        cm = cm.get("name")
+    cm = cm or plan.cost_model
+    try:
+        return load_cost_model(cm)
+    except ValueError as e:
+        raise ValueError(f"{e}; the plan's cost model {cm!r} is not a known preset, give "
+                         f"--cost-model NAME|FILE.yaml") from None
+
+
+def _read_lengths(args) -> tuple[np.ndarray | None, str | None]:
+    if getattr(args, "dataset", None):
+        import datasets
+        ds = datasets.load_from_disk(args.dataset)
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[args.split]
+        return SampleTable.from_dataset(ds, args.length_column, args.tokens_column).lengths, \
+            Path(args.dataset).name
+    if args.lengths:
+        return workloads.load(args.lengths, n=args.samples, seed=args.seed), \
+            Path(args.lengths).stem if args.lengths.endswith(".npy") else args.lengths
+    return None, None
+
+
+def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:
+    """Everything ``python -m balancer report`` does; returns the report dict (with
+    ``report_seconds`` and ``files``)."""
+    from .compare import warmup
+    t0 = time.perf_counter()
+    lengths, wname = _read_lengths(args)
+    explicit_strategies = args.strategies is not None
+    names = cli_args.parse_strategies(args.strategies or ",".join(cli_args.DEFAULT_STRATEGIES))
+    plans = None
+    if args.plan:
+        plan, manifest = _load_stored_plan(args.plan, getattr(args, "epoch", 0))
+        if lengths is None:
+            lengths = _manifest_lengths(manifest, Path(args.plan))
+            wname = wname or Path(args.plan).name
+        if lengths is not None and SampleTable(lengths).fingerprint() != plan.dataset_fingerprint:
+            raise ValueError(f"--plan {args.plan}: the plan was made for dataset "
+                             f"{plan.dataset_fingerprint}, the lengths given are "
+                             f"{SampleTable(lengths).fingerprint()}")
+        cost = _plan_cost_model(args.cost_model, manifest, plan)
+        layout, config = plan.layout, plan.config
+        plans = {f"{plan.config.strategy} (stored)": plan}
+        names = names if explicit_strategies and lengths is not None else []
+        if lengths is None:
+            # nothing to re-plan or to check lengths against: report the plan alone
+            report = {"workload": {"samples": plan.n_samples,
+                                   "tokens": int(plan.entry_length.sum() + plan.leftover.length.sum()),
+                                   "name": wname, "lengths_known": False},
+                      "layout": layout_block(layout), "cost_model": cost.name,
+                      "cost_unit": cost.unit, "config": config.model_dump(), "strategies": {}}
+            details = {}
+            for name, p in plans.items():
+                report["strategies"][name], details[name] = analyze(p, cost, None)
+            add_speedups(report)
+            lengths = np.zeros(0, np.int64)
+            return _finish(report, details, lengths, cost, out, plots, quiet, t0)
+    else:
+        if lengths is None:
+            raise ValueError("give --lengths FILE.npy|NAME, --dataset DIR or --plan DIR")
+        cost, layout, config = cli_args.build(_with_cost_default(args))
+    if names:
+        warmup(names, cost, layout, config)
+    report, details = build_report(lengths, cost, layout, config, names, workload=wname,
+                                   plans=plans)
+    return _finish(report, details, lengths, cost, out, plots, quiet, t0)
+
+
+def _with_cost_default(args):
+    ns = argparse.Namespace(**vars(args))
+    ns.cost_model = ns.cost_model or "quadratic-64k"
+    return ns
+
+
+def _finish(report, details, lengths, cost, out, plots, quiet, t0) -> dict:
+    files = write_report(report, details, out, lengths, cost, plots=plots, t0=t0)
+    if not quiet:
+        print(format_summary(report))
+        print(f"\nreport written to {Path(out)}/: " + ", ".join(Path(p).name for p in files.values())
+              + f" ({report['report_seconds']:.1f} s)")
+    return report
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    cli_args.add_workload_args(p)
+    # None = "not given": a stored plan brings its own cost model and strategy
+    p.set_defaults(cost_model=None, strategies=None)
+    g = p.add_argument_group("report")
+    g.add_argument("--plan", default=None, help="a plan directory written by precompute "
+                   "(balancer.store); its layout and config are used")
+    g.add_argument("--epoch", type=int, default=0, help="epoch of the stored plan to report")
+    g.add_argument("--dataset", default=None, help="a datasets.save_to_disk directory to read "
+                   "lengths from instead of --lengths")
+    g.add_argument("--split", default="train", help="split of a DatasetDict")
+    g.add_argument("--length-column", default="length", help="integer length column")
+    g.add_argument("--tokens-column", default=None, help="token-id column when there is no "
+                   "length column")
+    g.add_argument("--out", default="out/report", help="directory for report.json, report.md "
+                   "and the PNG plots")
+    g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _report_run(args) -> int:
+    report = run_report(args, out=args.out, plots=not args.no_plots)
+    return 0 if all(s.get("valid") for s in report["strategies"].values()) else 1
+
+
+command("report", "imbalance report of a workload or a stored plan: report.json, report.md, "
+                  "PNG plots")((_report_args, _report_run))
