@@ -33,6 +33,31 @@ def assert_valid(plan, lengths, strict_delay=True):
         assert plan.entry_delay.max(initial=0) <= plan.config.max_delay
 
 
+def _plan_or_carry(lengths, layout, cfg):
+    """Plan; a genuinely infeasible tail (the last items too few and too large for every rank
+    to get one in every step) is refused by name, and the explicit carry policy then plans it,
+    leaving those items over."""
+    try:
+        return plan_epoch(SampleTable(lengths), COST, layout, cfg)
+    except ValueError as e:
+        assert "tail='carry'" in str(e)
+        plan = plan_epoch(SampleTable(lengths), COST, layout, cfg.model_copy(update={"tail": "carry"}))
+        assert 0 < len(plan.leftover) < layout.dp * 2
+        return plan
+
+
+def test_infeasible_tail_is_refused_by_name():
+    # three items each larger than half a microbatch cannot give 2 ranks one item per step
+    lengths = np.array([600, 700, 800])
+    layout = Layout(dp=2, microbatches=1, capacity=1000)
+    for s in STRATEGIES:
+        with pytest.raises(ValueError, match="tail='carry' or 'drop'"):
+            plan_epoch(SampleTable(lengths), COST, layout, PlannerConfig(strategy=s))
+        plan = plan_epoch(SampleTable(lengths), COST, layout,
+                          PlannerConfig(strategy=s, tail="drop"))
+        assert plan.stats["dropped"] == len(plan.leftover) == 1
+
+
 @st.composite
 def problem(draw):
     n = draw(st.integers(1, 400))
@@ -55,7 +80,7 @@ def test_invariants(p, strategy):
             plan_epoch(SampleTable(lengths), COST, layout, PlannerConfig(strategy=strategy))
         return
     cfg = PlannerConfig(strategy=strategy, max_delay=delay, seed=seed)
-    plan = plan_epoch(SampleTable(lengths), COST, layout, cfg)
+    plan = _plan_or_carry(lengths, layout, cfg)
     assert_valid(plan, lengths, strict_delay=strategy != "kk_tokens")
     # determinism: same inputs -> identical plan
     again = plan_epoch(SampleTable(lengths), COST, layout, cfg)
@@ -69,15 +94,7 @@ def test_chunking_is_explicit_and_complete(lengths, cp, strategy):
     lengths = np.array(lengths)
     layout = Layout(dp=2, cp=cp, microbatches=2, capacity=1024)
     cfg = PlannerConfig(strategy=strategy, over_length="chunk")
-    try:
-        plan = plan_epoch(SampleTable(lengths), COST, layout, cfg)
-    except ValueError as e:
-        # a genuinely infeasible tail (too few, too large items for every rank to get one) is
-        # refused by name, and the explicit carry policy then plans it
-        assert "tail='carry'" in str(e)
-        cfg = cfg.model_copy(update={"tail": "carry"})
-        plan = plan_epoch(SampleTable(lengths), COST, layout, cfg)
-        assert len(plan.leftover) > 0
+    plan = _plan_or_carry(lengths, layout, cfg)
     assert_valid(plan, lengths, strict_delay=strategy != "kk_tokens")
     assert plan.stats["samples_chunked"] == int((lengths > 1024 // (2 * cp) * (2 * cp)
                                                   if cp > 1 else lengths > 1024).sum())
