@@ -165,8 +165,15 @@ def plan_summary(plan: Plan, cost: CostModel, lengths: np.ndarray) -> dict:
         "outlier_delay_steps": {
             "mean": float(delayed.mean()) if delayed.size else 0.0,
             "max": float(d.max()) if d.size else 0.0,
-            "mean_all": float(d.mean()) if d.size else 0.0,
+            "mean_all": float(np.maximum(d, 0).mean()) if d.size else 0.0,
             "delayed_fraction": float(delayed.size / d.size) if d.size else 0.0,
+            "bound_exceeded": int((d > plan.config.max_delay).sum()),
+        },
+        # heavy documents read ahead of their turn (negative entry_delay), by how many steps
+        "outlier_advance_steps": {
+            "mean": float(-d[d < 0].mean()) if (d < 0).any() else 0.0,
+            "max": float(-d.min()) if d.size and d.min() < 0 else 0.0,
+            "advanced_fraction": float((d < 0).mean()) if d.size else 0.0,
         },
         "est_step_time_total": float(sm["step_time"].sum()),
         "est_idle_time_total": float(sm["idle_time"].sum()),

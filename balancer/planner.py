@@ -41,7 +41,9 @@ class Plan:
 
     * ``entry_sample``/``entry_start``/``entry_length`` (int64[E]): the documents of every
       microbatch, grouped by microbatch; ``entry_start`` is non-zero only for chunk pieces;
-    * ``entry_delay`` (int32[E]): steps each document waited after the planner read it;
+    * ``entry_delay`` (int32[E]): steps each document waited after the planner read it, or,
+      negative, how many steps before its turn a heavy document was read ahead (``balanced``
+      with ``max_advance``);
     * ``mb_offsets`` (int64[M + 1]) and ``step_mbs`` (int64[S], microbatches per rank);
       microbatches are step-major, then rank-major, then in pipeline order;
     * ``mb_fwd``/``mb_bwd`` (float64[M]): predicted cost of every microbatch (whole model, whole
