@@ -1,0 +1,238 @@
+"""The packed batch sampler: exact length, coverage over DP ranks, plan-derived loss-token
+counts, exact mid-epoch resumption (plain DataLoader and StatefulDataLoader, 0 and 2 workers)
+and refusal of mismatched resumes."""
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch
+from balancer.collate import FlatTokens, PackedCollator, PackedDataset
+from balancer.sampler import MicrobatchRef, PackedBatchSampler, rank_coordinates
+
+COST = CostModel.quadratic(65536)
+
+
+def lengths(n=400, hi=700, seed=0):
+    return np.random.default_rng(seed).integers(1, hi, n)
+
+
+def make(L, dp=2, cp=1, m=2, cap=1024, rank=0, **cfg):
+    cfg.setdefault("over_length", "chunk")
+    return PackedBatchSampler(SampleTable(L), COST, Layout(dp=dp, cp=cp, microbatches=m,
+                                                           capacity=cap),
+                              PlannerConfig(**cfg), dp_rank=rank)
+
+
+def triplets(refs):
+    return [(s, int(a), int(b)) for r in refs for s, a, b in zip(r, r.starts, r.lengths)]
+
+
+@pytest.mark.parametrize("strategy", ["balanced", "sequential"])
+def test_ranks_cover_plan_exactly_once_with_exact_len(strategy):
+    L = lengths(hi=1500)
+    dp = 3
+    per_rank = [list(make(L, dp=dp, rank=r, strategy=strategy)) for r in range(dp)]
+    s0 = make(L, dp=dp, strategy=strategy)
+    plan = s0.plan
+    for r, refs in enumerate(per_rank):
+        assert len(refs) == len(make(L, dp=dp, rank=r, strategy=strategy)) == plan.step_mbs.sum()
+        assert all(isinstance(x, MicrobatchRef) for x in refs)
+        # the same number of microbatches per step on every rank, in step order
+        steps = [x.step for x in refs]
+        assert steps == sorted(steps)
+        assert np.array_equal(np.bincount(steps, minlength=plan.n_steps), plan.step_mbs)
+    # every token of every sample exactly once over all ranks (pieces included)
+    cover = np.zeros(L.sum(), np.int64)
+    off = np.concatenate([[0], np.cumsum(L)])
+    for s, a, b in sum((triplets(x) for x in per_rank), []):
+        assert a + b <= L[s]
+        cover[off[s] + a: off[s] + a + b] += 1
+    assert (cover == 1).all()
+
+
+def test_loss_token_counts_come_from_the_plan():
+    L = lengths()
+    dp = 2
+    refs = [list(make(L, dp=dp, rank=r)) for r in range(dp)]
+    by_step = {}
+    for x in sum(refs, []):
+        assert x.loss_tokens == int(np.sum(x.lengths) - len(x))
+        by_step.setdefault(x.step, []).append(x)
+    for step, xs in by_step.items():
+        total = sum(x.loss_tokens for x in xs)
+        assert all(x.step_loss_tokens == total for x in xs)
+        assert sum(1 for x in xs if x.slot == x.step_microbatches - 1) == dp
+
+
+def test_epochs_differ_and_repeat():
+    L = lengths()
+    s = make(L)
+    a = triplets(list(s))
+    assert triplets(list(s)) == a  # a finished epoch iterates again, like DistributedSampler
+    s.set_epoch(1)
+    b = triplets(list(s))
+    assert a and b and a != b
+    s.set_epoch(0)
+    assert triplets(list(s)) == a
+
+
+def test_rank_coordinates_megatron_order():
+    lay = Layout(dp=2, cp=2, pp=2, capacity=64)
+    seen = set()
+    for r in range(16):
+        c = rank_coordinates(r, lay, tp=2)
+        assert r == c["tp_rank"] + 2 * (c["cp_rank"] + 2 * (c["dp_rank"] + 2 * c["pp_rank"]))
+        seen.add(tuple(c.values()))
+    assert len(seen) == 16
+    with pytest.raises(ValueError, match="rank 16 is outside"):
+        rank_coordinates(16, lay, tp=2)
+
+
+def test_prebuilt_plan_and_callable_source():
+    L = lengths()
+    s = make(L)
+    lay, cfg = s.layout, s.config
+    plans = {e: plan_epoch(SampleTable(L), COST, lay, cfg, e) for e in range(2)}
+    p = PackedBatchSampler(plan=plans[0], dp_rank=0)
+    assert triplets(list(p)) == triplets(list(s))
+    with pytest.raises(ValueError, match="epoch 0 only"):
+        p.set_epoch(1)
+        len(p)
+    c = PackedBatchSampler(plan=plans.__getitem__, dp_rank=0)
+    c.set_epoch(1)
+    s.set_epoch(1)
+    assert triplets(list(c)) == triplets(list(s))
+    with pytest.raises(ValueError, match="num_replicas 3 differs"):
+        PackedBatchSampler(plan=plans[0], num_replicas=3, rank=0)
+
+
+# ---- resumption -------------------------------------------------------------------------------
+
+def test_resume_positions_and_twice_in_a_row():
+    L = lengths()
+    ref = make(L, rank=1)
+    full = triplets(list(ref))
+    n = len(ref)
+    for cut in (0, n // 2, n - 1, n):
+        s = make(L, rank=1)
+        it = iter(s)
+        head = [next(it) for _ in range(cut)]
+        state = s.state_dict()
+        r = make(L, rank=1)
+        r.load_state_dict(state)
+        assert triplets(head) + triplets(list(r)) == full
+    # resume twice in a row
+    s = make(L, rank=1)
+    it = iter(s)
+    a = [next(it) for _ in range(3)]
+    r1 = make(L, rank=1)
+    r1.load_state_dict(s.state_dict())
+    it = iter(r1)
+    b = [next(it) for _ in range(4)]
+    r2 = make(L, rank=1)
+    r2.load_state_dict(r1.state_dict())
+    assert triplets(a + b + list(r2)) == full
+
+
+def test_resume_across_epoch_boundary_with_carried_tail():
+    L = lengths(n=333)
+    kw = dict(tail="carry", global_batch_tokens=3000)
+    ref = make(L, **kw)
+    e0 = triplets(list(ref))
+    assert len(ref.plan.leftover) > 0  # the carry (delay queue across epochs) is exercised
+    ref.set_epoch(1)
+    e1 = triplets(list(ref))
+    s = make(L, **kw)
+    list(s)
+    s.set_epoch(1)
+    it = iter(s)
+    head = [next(it) for _ in range(3)]
+    state = s.state_dict()
+    assert state["carry_in"] is not None and len(state["carry_in"]["sample"]) > 0
+    r = make(L, **kw)
+    r.load_state_dict(state)  # a fresh process: epoch 1's carry-in comes from the state
+    assert triplets(head) + triplets(list(r)) == e1
+    # saved after the last batch of epoch 0: nothing left, then epoch 1 whole
+    s = make(L, **kw)
+    list(s)
+    r = make(L, **kw)
+    r.load_state_dict(s.state_dict())
+    assert list(r) == []
+    r.set_epoch(1)
+    assert triplets(list(r)) == e1 and e0 != e1
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(dp=3), "layout"), (dict(seed=5), "seed"), (dict(strategy="sequential"), "plan is"),
+])
+def test_mismatched_resume_is_refused(change, match):
+    L = lengths()
+    s = make(L)
+    next(iter(s))
+    state = s.state_dict()
+    r = make(L, **change)
+    with pytest.raises(ValueError, match=match):
+        r.load_state_dict(state)
+
+
+def test_resume_on_other_dataset_is_refused():
+    s = make(lengths())
+    r = make(lengths(seed=1))
+    with pytest.raises(ValueError, match="dataset_fingerprint"):
+        r.load_state_dict(s.state_dict())
+
+
+def _loader(kind, ds, sampler, workers):
+    cls = StatefulDataLoader if kind == "stateful" else DataLoader
+    return cls(PackedDataset(ds), batch_sampler=sampler, collate_fn=PackedCollator(),
+               num_workers=workers)
+
+
+def _key(b):
+    return (int(b["epoch"]), int(b["position"]), b["input_ids"].tolist(),
+            b["sample_ids"].tolist())
+
+
+@pytest.mark.parametrize("kind", ["plain", "stateful"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_resume_is_exact(kind, workers):
+    L = lengths(n=240, hi=400)
+    ds = FlatTokens.from_lengths(L, vocab=50)
+    kw = dict(dp=2, rank=1, cap=512, tail="carry", global_batch_tokens=1500)
+    sampler = make(L, **kw)
+    expected = []
+    for e in range(2):
+        sampler.set_epoch(e)
+        expected += [_key(b) for b in _loader(kind, ds, sampler, 0)]
+    n0 = len(make(L, **kw))
+
+    # interrupt at 0, mid epoch 0, at epoch 0's last batch and mid epoch 1; resume twice
+    for cuts in ([0], [n0 // 2], [n0 - 1], [n0 + 2], [2, n0 + 1]):
+        got, state, done = [], None, 0
+        for cut in cuts + [None]:
+            s = make(L, **kw)
+            dl = _loader(kind, ds, s, workers)
+            if state is not None:
+                (dl if kind == "stateful" else s).load_state_dict(state)
+            start_epoch = s.epoch if kind == "plain" else (state or {}).get("epoch", 0)
+            if kind == "stateful" and state is not None:
+                start_epoch = state["sampler_epoch"]
+            stop = False
+            for e in range(start_epoch, 2):
+                s.set_epoch(e)
+                for b in dl:
+                    got.append(_key(b))
+                    done += 1
+                    if cut is not None and done == cut + 1:
+                        state = (dl.state_dict() if kind == "stateful"
+                                 else s.state_dict(after=b))
+                        if kind == "stateful":
+                            state["sampler_epoch"] = e
+                        stop = True
+                        break
+                if stop:
+                    break
+            del dl
+        assert got == expected, (kind, workers, cuts)

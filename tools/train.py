@@ -1,0 +1,313 @@
+"""Train the tiny transformer with DDP on gloo across CPU processes from the packed drop-in
+loader, and log per-rank compute time per step.
+
+    ./dev python tools/train.py --world 2 --steps 20 --strategy balanced --log out/train.json
+
+The data is made locally: a parquet file of token ids (column ``input_ids``) whose lengths are a
+shared workload scaled down (``--workload``, ``--samples``, ``--scale``), read back with Hugging
+Face ``datasets``. Every rank builds the same plan in its own main process
+(``PackedBatchSampler``); DataLoader workers only fetch and collate. The loss of a microbatch is
+its summed token cross-entropy divided by the step's loss-token count over all ranks and
+microbatches (from the plan), and gradients are summed over ranks, so a step's gradient is the
+token mean over the whole global batch however the documents were packed.
+
+Synchronisation (``--sync``): ``explicit`` (default) runs every microbatch under DDP's
+``no_sync`` and then all-reduces the gradients in one timed call, so ``compute_s`` is pure
+forward + backward and ``sync_s`` holds the all-reduce including the wait for the slowest rank;
+``ddp`` lets DDP reduce during the last backward (the loss is scaled by the world size because
+DDP averages), and that backward's time then includes the reduction.
+
+The log (``--log``, JSON; the proof tool reads it, keep the keys): ``{"config": {...},
+"strategy": str, "world": int, "steps": [{"step", "loss", "step_loss_tokens", "compute_s":
+[per rank], "wait_s": [...], "sync_s": [...], "step_s": [...], "tokens": [...],
+"microbatches": [...], "predicted_cost": [...]}], "summary": {...}}``. :func:`train_rank` is the
+per-rank main loop and :func:`run` spawns the ranks; both are importable.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.tiny_lm import TinyLM, token_loss_sum  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("data")
+    g.add_argument("--workload", default="wlbllm", help="shared or synthetic length workload")
+    g.add_argument("--samples", type=int, default=4000, help="documents in the local dataset")
+    g.add_argument("--scale", type=float, default=0.05,
+                   help="multiply the workload's lengths by this (CPU-sized documents)")
+    g.add_argument("--data", default=None, help="folder for the parquet file (default: a temp dir)")
+    g.add_argument("--vocab", type=int, default=256, help="vocabulary size")
+    g = p.add_argument_group("layout and plan")
+    g.add_argument("--world", type=int, default=2, help="processes (= DP ranks), 1-4 on CPU")
+    g.add_argument("--microbatches", type=int, default=2, help="microbatches per rank per step")
+    g.add_argument("--capacity", type=int, default=2048, help="tokens per microbatch")
+    g.add_argument("--strategy", default="balanced", help="planner strategy name")
+    g.add_argument("--cost-model", default="quadratic-64k", help="cost model name or YAML")
+    g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
+    g.add_argument("--seed", type=int, default=0, help="shuffle and init seed")
+    g = p.add_argument_group("model and training")
+    g.add_argument("--dim", type=int, default=64)
+    g.add_argument("--layers", type=int, default=2)
+    g.add_argument("--heads", type=int, default=4)
+    g.add_argument("--attention", choices=("loop", "mask"), default="loop")
+    g.add_argument("--lr", type=float, default=3e-3)
+    g.add_argument("--steps", type=int, default=20, help="stop after this many steps (0: all)")
+    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--num-workers", type=int, default=0,
+                   help="DataLoader workers per rank (0 collates inline: on 2 shared cores a "
+                        "worker process costs more in contention than it saves)")
+    g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    g.add_argument("--sync", choices=("explicit", "ddp"), default="explicit")
+    g.add_argument("--log", default=None, help="write the JSON log here")
+    g.add_argument("--dump-grads", default=None,
+                   help="save the reduced gradients of the first step here (tests)")
+    g.add_argument("--timeout", type=int, default=300, help="collective timeout, seconds")
+    return p.parse_args(argv)
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+def make_dataset(folder, workload: str, samples: int, scale: float, vocab: int,
+                 seed: int = 0) -> Path:
+    """Write ``folder/tokens.parquet`` (``input_ids`` list<int32>, ``length`` int64) with the
+    lengths of ``workload`` times ``scale``. Documents are learnable: each is an arithmetic
+    progression modulo ``vocab`` with its own start and stride."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from balancer import workloads
+    lengths = np.maximum(1, np.round(workloads.load(workload, n=samples, seed=seed) * scale))
+    lengths = lengths.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    start = np.repeat(rng.integers(0, vocab, samples), lengths)
+    stride = np.repeat(rng.integers(1, 8, samples), lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    pos = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    values = ((start + stride * pos) % vocab).astype(np.int32)
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                                            pa.array(values)),
+                      "length": pa.array(lengths)})
+    path = Path(folder) / "tokens.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def load_dataset(path: Path):
+    import datasets
+    return datasets.Dataset.from_parquet(str(path), cache_dir=str(Path(path).parent / "hf_cache"))
+
+
+# ---- the per-rank loop ----------------------------------------------------------------------
+
+def build_loader(args, ds, rank: int, world: int):
+    from balancer import Layout, PlannerConfig, SampleTable, load_cost_model
+    from balancer.collate import PackedCollator, PackedDataset
+    from balancer.sampler import PackedBatchSampler
+    cost = load_cost_model(args.cost_model)
+    layout = Layout(dp=world, microbatches=args.microbatches, capacity=args.capacity)
+    config = PlannerConfig(strategy=args.strategy, seed=args.seed, max_delay=args.max_delay,
+                           over_length="chunk")
+    samples = SampleTable.from_dataset(ds, "length")
+    sampler = PackedBatchSampler(samples, cost, layout, config)
+    loader = torch.utils.data.DataLoader(
+        PackedDataset(ds), batch_sampler=sampler, collate_fn=PackedCollator(),
+        num_workers=args.num_workers, persistent_workers=args.num_workers > 0,
+        prefetch_factor=4 if args.num_workers else None)
+    return sampler, loader
+
+
+def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
+    """The training loop of one rank (process group already initialised). Returns this rank's
+    per-step records."""
+    torch.set_num_threads(args.threads)
+    ds = load_dataset(Path(args.data_path))
+    sampler, loader = build_loader(args, ds, rank, world)
+    torch.manual_seed(args.seed)
+    model = TinyLM(args.vocab, args.dim, args.layers, args.heads, attention=args.attention)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    scale = world if args.sync == "ddp" else 1  # DDP averages; we want the sum over ranks
+    records, done = [], 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        plan = sampler.plan
+        cost = plan.mb_fwd + plan.mb_bwd
+        it = iter(loader)
+        while True:
+            rec = {"step": None, "compute_s": 0.0, "wait_s": 0.0, "sync_s": 0.0,
+                   "loss_sum": 0.0, "tokens": 0, "microbatches": 0, "predicted_cost": 0.0}
+            t_step = time.perf_counter()
+            last = False
+            while not last:
+                t0 = time.perf_counter()
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                t1 = time.perf_counter()
+                last = bool(b["last_in_step"])
+                ctx = ddp.no_sync() if (args.sync == "explicit" or not last) else _null()
+                with ctx:
+                    logits = ddp(b["input_ids"], b["position_ids"], b["cu_seqlens"],
+                                 b["max_seqlen"])
+                    loss_sum = token_loss_sum(logits, b["shift_labels"])
+                    (loss_sum * (scale / b["step_loss_tokens"])).backward()
+                t2 = time.perf_counter()
+                rec["wait_s"] += t1 - t0
+                rec["compute_s"] += t2 - t1
+                rec["loss_sum"] += float(loss_sum.detach())
+                rec["tokens"] += int(b["input_ids"].shape[0])
+                rec["microbatches"] += 1
+                rec["predicted_cost"] += float(cost[b["mb"]])
+                rec["step"], rec["step_loss_tokens"] = done, int(b["step_loss_tokens"])
+            if rec["microbatches"] == 0:
+                break
+            if not last:
+                raise RuntimeError(f"rank {rank}: epoch ended inside step {done}")
+            t3 = time.perf_counter()
+            if args.sync == "explicit":
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat)
+                off = 0
+                for p in params:
+                    n = p.numel()
+                    p.grad.copy_(flat[off:off + n].view_as(p))
+                    off += n
+            rec["sync_s"] = time.perf_counter() - t3
+            if args.dump_grads and done == 0 and rank == 0:
+                torch.save({n: p.grad.clone() for n, p in model.named_parameters()},
+                           args.dump_grads)
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            rec["step_s"] = time.perf_counter() - t_step
+            rec["epoch"] = epoch
+            records.append(rec)
+            done += 1
+            if args.steps and done >= args.steps:
+                return records
+    return records
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _rank_entry(rank: int, world: int, args: argparse.Namespace, init: str, out: str):
+    sys.path.insert(0, str(ROOT))
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        records = train_rank(rank, world, args)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, records)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(gathered, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def merge_log(args: argparse.Namespace, per_rank: list[list[dict]]) -> dict:
+    """Per-rank records -> the JSON log (one entry per step, per-rank lists)."""
+    n = min(len(r) for r in per_rank)
+    steps = []
+    for s in range(n):
+        rs = [r[s] for r in per_rank]
+        entry = {"step": s, "epoch": rs[0]["epoch"], "step_loss_tokens": rs[0]["step_loss_tokens"],
+                 "loss": sum(r["loss_sum"] for r in rs) / rs[0]["step_loss_tokens"]}
+        for k in ("compute_s", "wait_s", "sync_s", "step_s", "tokens", "microbatches",
+                  "predicted_cost"):
+            entry[k] = [r[k] for r in rs]
+        steps.append(entry)
+    wait = sum(sum(e["wait_s"]) for e in steps)
+    wall = sum(sum(e["step_s"]) for e in steps)
+    comp = np.array([e["compute_s"] for e in steps]) if steps else np.zeros((0, 1))
+    cfg = {k: v for k, v in vars(args).items() if k not in ("data_path",)}
+    return {"config": cfg, "strategy": args.strategy, "world": args.world, "steps": steps,
+            "summary": {"steps": n, "wait_fraction": wait / wall if wall else 0.0,
+                        # the first step waits for workers to start; steady state excludes it
+                        "wait_fraction_steady": _fraction(steps[1:]),
+                        "compute_imbalance_mean": float(np.mean(comp.max(1) / comp.mean(1)))
+                        if n else float("nan"),
+                        "first_loss": steps[0]["loss"] if steps else None,
+                        "last_loss": steps[-1]["loss"] if steps else None}}
+
+
+def _fraction(steps) -> float:
+    wall = sum(sum(e["step_s"]) for e in steps)
+    return sum(sum(e["wait_s"]) for e in steps) / wall if wall else 0.0
+
+
+def _warm_numba_cache(args) -> None:
+    """Compile (or load) the strategy's kernels once in the parent, so the ranks load them from
+    numba's disk cache instead of all compiling at once."""
+    from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
+    plan_epoch(SampleTable(np.arange(1, 65)), load_cost_model(args.cost_model),
+               Layout(dp=args.world, microbatches=args.microbatches, capacity=128),
+               PlannerConfig(strategy=args.strategy, over_length="chunk"))
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Make the data, spawn ``args.world`` ranks, return (and write to ``args.log``) the log."""
+    if not 1 <= args.world <= 8:
+        raise ValueError(f"--world {args.world} is outside 1..8")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.data) if args.data else Path(tmp) / "data"
+        args.data_path = str(make_dataset(folder, args.workload, args.samples, args.scale,
+                                          args.vocab, args.seed))
+        out = os.path.join(tmp, "records.json")
+        _warm_numba_cache(args)
+        init = f"file://{tmp}/rendezvous"
+        mp.start_processes(_rank_entry, args=(args.world, args, init, out), nprocs=args.world,
+                           join=True, start_method="spawn")
+        with open(out) as f:
+            per_rank = json.load(f)
+    log = merge_log(args, per_rank)
+    if args.log:
+        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.log, "w") as f:
+            json.dump(log, f, indent=1)
+    return log
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log = run(args)
+    s = log["summary"]
+    for e in log["steps"]:
+        print(f"step {e['step']:3d} loss {e['loss']:.4f} compute "
+              + " ".join(f"{c:.3f}" for c in e["compute_s"]) + " s  wait "
+              + " ".join(f"{w * 1e3:.1f}" for w in e["wait_s"]) + " ms")
+    print(f"{s['steps']} steps, loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
+          f"data wait {100 * s['wait_fraction']:.2f}% of step time "
+          f"({100 * s['wait_fraction_steady']:.2f}% after the first step), "
+          f"compute imbalance (max/mean) {s['compute_imbalance_mean']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
