@@ -5,6 +5,18 @@ from .cost import CostModel, ModelSpec, PassCost, load_cost_model
 from .planner import Items, Plan, epoch_order, plan_epoch, plan_epochs
 from .samples import SampleTable
 
-__all__ = ["CostModel", "Items", "Layout", "ModelSpec", "PassCost", "Plan", "PlannerConfig",
-           "SampleTable", "epoch_order", "load_cost_model", "plan_epoch", "plan_epochs"]
+
+def __getattr__(name):  # the torch runtime is imported only when asked for
+    if name in ("PackedBatchSampler", "MicrobatchRef"):
+        from . import sampler
+        return getattr(sampler, name)
+    if name in ("PackedCollator", "PackedDataset", "FlatTokens"):
+        from . import collate
+        return getattr(collate, name)
+    raise AttributeError(name)
+
+__all__ = ["CostModel", "FlatTokens", "Items", "Layout", "MicrobatchRef", "ModelSpec",
+           "PackedBatchSampler", "PackedCollator", "PackedDataset", "PassCost", "Plan",
+           "PlannerConfig", "SampleTable", "epoch_order", "load_cost_model", "plan_epoch",
+           "plan_epochs"]
 __version__ = "0.1.0"
