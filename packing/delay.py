@@ -36,6 +36,26 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
     used = np.zeros(horizon, dtype=np.int64)  # slots holding a lump (filled left to right)
     level = np.zeros(horizon)
     total = np.zeros(horizon)
+    kmin = np.zeros(horizon, dtype=np.int64)  # least loaded slot once every slot is used
+    # lumps feasible at each step, heaviest first (CSR), with prefix sums of their excess
+    f_off = np.zeros(horizon + 1, dtype=np.int64)
+    for q in range(k_total):
+        jj = order[q]
+        for t in range(lo[jj], hi[jj] + 1):
+            f_off[t + 1] += 1
+    for t in range(horizon):
+        f_off[t + 1] += f_off[t]
+    f_pos = np.empty(f_off[horizon], dtype=np.int64)
+    f_cum = np.zeros(f_off[horizon] + 1)
+    fill = f_off[:horizon].copy()
+    for q in range(k_total):
+        jj = order[q]
+        for t in range(lo[jj], hi[jj] + 1):
+            f_pos[fill[t]] = q
+            fill[t] += 1
+    for x in range(f_off[horizon]):
+        f_cum[x + 1] = f_cum[x] + exc[order[f_pos[x]]]
+    f_ptr = f_off[:horizon].copy()
     for idx in range(k_total):
         j = order[idx]
         e = exc[j]
@@ -44,21 +64,24 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
         bk = -1
         for t in range(lo[j], hi[j] + 1):
             if used[t] == 0:
-                pm = 0.0
-                cnt = 0
-                for q in range(idx + 1, k_total):
-                    jj = order[q]
-                    if lo[jj] <= t and t <= hi[jj]:
-                        pm += exc[jj]
-                        cnt += 1
-                        if cnt >= n_units - 1:
-                            break
+                # partner mass: the next n_units - 1 heaviest lumps (after this one) that could
+                # join step t, from prefix sums over the lumps feasible at t
+                b = f_off[t + 1]
+                while f_ptr[t] < b and f_pos[f_ptr[t]] <= idx:
+                    f_ptr[t] += 1
+                p0 = f_ptr[t]
+                p1 = p0 + n_units - 1
+                if p1 > b:
+                    p1 = b
+                pm = f_cum[p1] - f_cum[p0] if p1 > p0 else 0.0
                 val = _imbalance(tc, e, e + pm, n_units) - 1.0 + delay_penalty * t
                 k = 0
             else:
                 k = -1
                 if used[t] < n_units:
                     k = used[t]
+                elif tk[t, kmin[t]] + size[j] <= unit_cap:
+                    k = kmin[t]  # the least loaded slot (ties: lowest index) has room
                 else:
                     for kk in range(n_units):
                         if tk[t, kk] + size[j] <= unit_cap and (k < 0 or ex[t, kk] < ex[t, k]):
@@ -82,6 +105,14 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
             total[bt] += e
             if ex[bt, bk] > level[bt]:
                 level[bt] = ex[bt, bk]
+            if used[bt] == n_units and (bk == kmin[bt] or used[bt] - 1 == bk):
+                # keep the least loaded slot of a full step at hand: one scan per placement
+                # instead of one per evaluation
+                km = 0
+                for kk in range(1, n_units):
+                    if ex[bt, kk] < ex[bt, km]:
+                        km = kk
+                kmin[bt] = km
 
 
 def schedule_lumps(exc, size, lo, hi, horizon: int, n_units: int, unit_cap: int, tc: float,

@@ -54,3 +54,19 @@ def test_kernel_equals_reference_on_real_lengths(wlbllm):
                                          rank_units=ru, max_advance=adv, pp=pp)
         for f in a._fields:
             assert np.array_equal(getattr(a, f), getattr(b, f)), (dp, m, ru, f)
+
+
+@given(st.integers(1, 60), st.integers(1, 6), st.integers(1, 8), st.integers(0, 2**16))
+def test_outlier_scheduler_matches_reference(k, horizon, units, seed):
+    from packing.delay import schedule_lumps
+    from tests import naive
+    rng = np.random.default_rng(seed)
+    exc = np.round(rng.random(k) * 100, 1)  # ties on purpose
+    size = rng.integers(1, 50, k)
+    lo = rng.integers(0, horizon, k)
+    hi = np.minimum(lo + rng.integers(0, horizon, k), horizon - 1)
+    cap = int(rng.choice([50, 120, 1000]))
+    tc = float(rng.choice([10.0, 100.0, 1000.0]))
+    got = schedule_lumps(exc, size, lo, hi, horizon, units, cap, tc)
+    ref = naive.schedule_lumps(exc, size, lo, hi, horizon, units, cap, tc)
+    assert np.array_equal(got, ref)
