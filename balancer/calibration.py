@@ -1,0 +1,281 @@
+"""Fit a cost model's coefficients to measured forward and backward times.
+
+An observation is one packed microbatch: the lengths of its documents and the measured seconds
+of its forward and of its backward pass. The cost model (:mod:`balancer.cost`) predicts a pass
+as ``a * sum L^2 + b * sum L + c``, linear in the coefficients, so each pass is a least-squares
+fit on three features per microbatch: ``sum L^2``, ``sum L`` and 1.
+
+Two choices make the fit match how it is used:
+
+* **Relative residuals.** The planner compares microbatches whose times span orders of
+  magnitude (a few short documents against one long one); an unweighted fit lets the longest
+  microbatches decide everything and leaves the short ones tens of percent off. Rows are
+  weighted by ``1 / seconds``, so the fit minimises squared *relative* error, the quantity the
+  target (median relative error on held-out shapes) is stated in.
+* **Non-negative coefficients.** :class:`balancer.cost.PassCost` requires ``a, b, c >= 0`` (a
+  negative constant would make a small microbatch cost less than nothing). With three
+  coefficients, exact non-negative least squares is the best of the 7 non-empty supports whose
+  unconstrained solution is non-negative, so no iterative solver is needed.
+
+Observations are held as CSR arrays (``doc_lengths`` int64[E], ``offsets`` int64[M+1]): every
+microbatch ``m`` holds ``doc_lengths[offsets[m]:offsets[m+1]]``.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import yaml
+
+from .cost import CostModel, PassCost
+
+PASSES = ("forward", "backward")
+
+
+# ---- observations -------------------------------------------------------------------------
+
+def to_csr(microbatches: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of document lengths -> ``(doc_lengths int64[E], offsets int64[M+1])``. Raises a
+    ValueError naming the microbatch and document of a length below 1 or an empty microbatch."""
+    lens, offsets = [], [0]
+    for m, docs in enumerate(microbatches):
+        docs = [int(x) for x in docs]
+        if not docs:
+            raise ValueError(f"microbatch {m} has no documents")
+        for d, x in enumerate(docs):
+            if x < 1:
+                raise ValueError(f"microbatch {m} document {d}: length {x} is below 1")
+        lens += docs
+        offsets.append(len(lens))
+    return np.asarray(lens, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+
+
+def features(doc_lengths, offsets) -> np.ndarray:
+    """float64[M, 3]: ``(sum L^2, sum L, 1)`` of every microbatch."""
+    lf = np.asarray(doc_lengths, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 or offsets[-1] != lf.shape[0] \
+            or (np.diff(offsets) < 1).any():
+        raise ValueError(f"offsets must rise strictly from 0 to {lf.shape[0]} (one or more "
+                         f"documents per microbatch), got {offsets[:8].tolist()}...")
+    starts = offsets[:-1]
+    x = np.empty((starts.shape[0], 3))
+    x[:, 0] = np.add.reduceat(lf * lf, starts)
+    x[:, 1] = np.add.reduceat(lf, starts)
+    x[:, 2] = 1.0
+    return x
+
+
+def predict(coef: PassCost, doc_lengths, offsets) -> np.ndarray:
+    """Predicted seconds of every microbatch, float64[M]."""
+    return features(doc_lengths, offsets) @ np.array([coef.a, coef.b, coef.c])
+
+
+# ---- the fit ------------------------------------------------------------------------------
+
+def nnls3(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares ``min |x c - y|^2, c >= 0`` for up to 3 columns: the
+    best over every support whose unconstrained solution is non-negative."""
+    k = x.shape[1]
+    best, best_res = np.zeros(k), float(y @ y)
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            sol, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if (sol < 0).any():
+                continue
+            c = np.zeros(k)
+            c[list(cols)] = sol
+            res = float(((x @ c - y) ** 2).sum())
+            if res < best_res:
+                best, best_res = c, res
+    return best
+
+
+def fit_pass(doc_lengths, offsets, seconds, relative: bool = True) -> PassCost:
+    """Coefficients ``(a, b, c)`` of one pass from microbatch times ``seconds`` (float64[M]).
+
+    ``relative`` weights every row by ``1 / seconds`` (least squares on relative error). The
+    columns are scaled to unit norm before solving so ``sum L^2`` (~1e7) and 1 are equally
+    well conditioned."""
+    y = np.asarray(seconds, dtype=np.float64)
+    x = features(doc_lengths, offsets)
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"{y.shape[0] if y.ndim == 1 else y.shape} times for {x.shape[0]} "
+                         f"microbatches")
+    bad = ~np.isfinite(y) | (y <= 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"microbatch {i}: measured time {y[i]!r} is not a positive number")
+    if x.shape[0] < 3:
+        raise ValueError(f"need at least 3 microbatches to fit 3 coefficients, got {x.shape[0]}")
+    w = 1.0 / y if relative else np.ones_like(y)
+    xw, yw = x * w[:, None], y * w
+    scale = np.linalg.norm(xw, axis=0)
+    scale[scale == 0] = 1.0
+    c = nnls3(xw / scale, yw) / scale
+    return PassCost(a=float(c[0]), b=float(c[1]), c=float(c[2]))
+
+
+def r_squared(pred: np.ndarray, y: np.ndarray) -> float:
+    """Coefficient of determination of ``pred`` against ``y``."""
+    y = np.asarray(y, dtype=np.float64)
+    ss = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else float("nan")
+
+
+def relative_errors(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``|pred - y| / y`` per microbatch, float64[M]."""
+    y = np.asarray(y, dtype=np.float64)
+    return np.abs(np.asarray(pred, dtype=np.float64) - y) / y
+
+
+def error_summary(err: np.ndarray) -> dict:
+    err = np.asarray(err, dtype=np.float64)
+    if err.size == 0:
+        return {"median": float("nan"), "p90": float("nan"), "max": float("nan")}
+    return {"median": float(np.median(err)), "p90": float(np.percentile(err, 90)),
+            "max": float(err.max())}
+
+
+@dataclass
+class Observations:
+    """Measured microbatches: CSR document lengths and per-pass seconds (float64[M] each)."""
+
+    doc_lengths: np.ndarray
+    offsets: np.ndarray
+    seconds: dict  # pass name -> float64[M]
+
+    def __post_init__(self):
+        self.doc_lengths = np.asarray(self.doc_lengths, dtype=np.int64)
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        features(self.doc_lengths, self.offsets)  # validates the CSR
+        m = self.offsets.shape[0] - 1
+        for k in PASSES:
+            if k not in self.seconds:
+                raise ValueError(f"observations lack {k!r} times")
+            self.seconds[k] = np.asarray(self.seconds[k], dtype=np.float64)
+            if self.seconds[k].shape != (m,):
+                raise ValueError(f"{k}: {self.seconds[k].shape} times for {m} microbatches")
+
+    @property
+    def n(self) -> int:
+        return self.offsets.shape[0] - 1
+
+    def microbatches(self) -> list[list[int]]:
+        o = self.offsets
+        return [self.doc_lengths[o[i]:o[i + 1]].tolist() for i in range(self.n)]
+
+    def to_json(self) -> dict:
+        return {"microbatches": self.microbatches(),
+                **{k: self.seconds[k].tolist() for k in PASSES}}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Observations":
+        lens, off = to_csr(doc["microbatches"])
+        return cls(lens, off, {k: doc[k] for k in PASSES})
+
+
+@dataclass
+class Calibration:
+    """Fitted coefficients of both passes and their quality on the fit and held-out sets."""
+
+    forward: PassCost
+    backward: PassCost
+    quality: dict = field(default_factory=dict)
+
+    def cost_model(self, name: str = "calibrated") -> CostModel:
+        return CostModel(name=name, unit="seconds", forward=self.forward, backward=self.backward)
+
+    def evaluate(self, obs: Observations) -> dict:
+        """Per pass and for forward + backward: R^2, relative-error summary and the errors."""
+        out = {}
+        preds = {}
+        for k in PASSES:
+            p = predict(getattr(self, k), obs.doc_lengths, obs.offsets)
+            preds[k] = p
+            err = relative_errors(p, obs.seconds[k])
+            out[k] = {"r2": r_squared(p, obs.seconds[k]), "rel_error": error_summary(err),
+                      "errors": err.tolist()}
+        tot_p = preds["forward"] + preds["backward"]
+        tot_y = obs.seconds["forward"] + obs.seconds["backward"]
+        err = relative_errors(tot_p, tot_y)
+        out["total"] = {"r2": r_squared(tot_p, tot_y), "rel_error": error_summary(err),
+                        "errors": err.tolist()}
+        return out
+
+
+def calibrate(fit: Observations, held_out: Optional[Observations] = None,
+              relative: bool = True) -> Calibration:
+    """Fit both passes on ``fit``; ``quality`` holds :meth:`Calibration.evaluate` on the fit
+    set (``"fit"``) and, when given, on ``held_out`` (``"held_out"``)."""
+    cal = Calibration(**{k: fit_pass(fit.doc_lengths, fit.offsets, fit.seconds[k], relative)
+                         for k in PASSES})
+    cal.quality["fit"] = cal.evaluate(fit)
+    if held_out is not None:
+        cal.quality["held_out"] = cal.evaluate(held_out)
+    return cal
+
+
+# ---- presets ------------------------------------------------------------------------------
+
+def preset_yaml(cal: Calibration, description: str = "", comments: Sequence[str] = ()) -> str:
+    """The YAML text of a seconds-unit preset that :meth:`CostModel.from_yaml` loads (fitted
+    ``forward``/``backward`` coefficients; fit quality goes in comments, which the loader
+    ignores, because unknown keys are errors there)."""
+    head = "".join(f"# {c}\n" for c in comments)
+    doc = {"description": description or "calibrated from measured forward/backward times",
+           "unit": "seconds",
+           "forward": {k: float(getattr(cal.forward, k)) for k in "abc"},
+           "backward": {k: float(getattr(cal.backward, k)) for k in "abc"}}
+    return head + yaml.safe_dump(doc, sort_keys=False)
+
+
+def write_preset(cal: Calibration, path, description: str = "",
+                 comments: Sequence[str] = ()) -> Path:
+    """Write :func:`preset_yaml` to ``path`` (folders created) and check it loads back to the
+    same coefficients."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(preset_yaml(cal, description, comments))
+    back = CostModel.from_yaml(path)
+    if back.forward != cal.forward or back.backward != cal.backward:
+        raise ValueError(f"{path}: preset does not load back to the fitted coefficients")
+    return path
+
+
+# ---- shapes to measure --------------------------------------------------------------------
+
+def sample_shapes(n: int, capacity: int, rng: np.random.Generator, max_docs: int = 16,
+                  min_length: int = 16) -> list[list[int]]:
+    """``n`` microbatches of varied document counts and lengths, each at most ``capacity``
+    tokens: a third one document of any length (the attention-bound tail), the rest 2 to
+    ``max_docs`` documents with log-uniform lengths cut to fit (the packed bulk). Totals range
+    from near empty to full so ``c``, ``b`` and ``a`` are all identified."""
+    if capacity < min_length:
+        raise ValueError(f"capacity {capacity} is below the shortest document {min_length}")
+    out = []
+    lo, hi = np.log(min_length), np.log(capacity)
+    for i in range(n):
+        fill = int(np.exp(rng.uniform(lo, hi)))
+        if i % 3 == 0:
+            out.append([max(min_length, fill)])
+            continue
+        k = int(rng.integers(2, max_docs + 1))
+        docs, left = [], fill
+        for _ in range(k):
+            if left < min_length:
+                break
+            x = int(np.exp(rng.uniform(lo, np.log(max(left, min_length)))))
+            x = min(max(x, min_length), left)
+            docs.append(x)
+            left -= x
+        out.append(docs or [min_length])
+    return out
+
+
+__all__ = ["Calibration", "Observations", "calibrate", "error_summary", "features", "fit_pass",
+           "nnls3", "predict", "preset_yaml", "r_squared", "relative_errors", "sample_shapes",
+           "to_csr", "write_preset"]

@@ -1,0 +1,57 @@
+"""``python -m balancer calibrate``: fit a seconds-unit cost preset from timings already measured
+(by tools/calibrate.py on any machine, or by a user's own harness), without torch.
+
+The observations file is JSON, either ``{"microbatches": [[L, ...], ...], "forward": [s, ...],
+"backward": [s, ...]}`` or the ``--json`` output of tools/calibrate.py (its
+``fit_observations`` and ``held_out_observations`` are used)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .calibration import PASSES, Observations, calibrate, write_preset
+from .cli import command
+from .cost import config_dir
+
+
+def _load(path: str) -> tuple[Observations, Observations | None]:
+    doc = json.loads(Path(path).read_text())
+    if "fit_observations" in doc:
+        held = doc.get("held_out_observations")
+        return (Observations.from_json(doc["fit_observations"]),
+                Observations.from_json(held) if held else None)
+    return Observations.from_json(doc), None
+
+
+def _args(p):
+    p.add_argument("--observations", required=True, help="JSON of measured microbatch times")
+    p.add_argument("--held-out", default=None, help="JSON of held-out times (evaluated only)")
+    p.add_argument("--name", default="calibrated", help="preset name (configs/models/<name>.yaml)")
+    p.add_argument("--out", default=None, help="preset path (default: configs/models/<name>.yaml)")
+    p.add_argument("--description", default="", help="description stored in the preset")
+
+
+def _run(args) -> int:
+    fit, held = _load(args.observations)
+    if args.held_out:
+        held = _load(args.held_out)[0]
+    cal = calibrate(fit, held)
+    comments = []
+    for s, q in cal.quality.items():
+        for k in (*PASSES, "total"):
+            e = q[k]["rel_error"]
+            line = (f"{s:8s} {k:8s} R^2 {q[k]['r2']:.4f}  relative error median "
+                    f"{100 * e['median']:.2f}%  p90 {100 * e['p90']:.2f}%  max {100 * e['max']:.2f}%")
+            comments.append(line)
+            print(line)
+    out = Path(args.out) if args.out else config_dir() / "models" / f"{args.name}.yaml"
+    write_preset(cal, out, args.description or f"fitted from {args.observations}", comments)
+    for k in PASSES:
+        c = getattr(cal, k)
+        print(f"{k:8s} a={c.a:.6g} b={c.b:.6g} c={c.c:.6g}")
+    print(f"wrote {out}")
+    return 0
+
+
+command("calibrate", "fit a seconds cost preset (a*sum L^2 + b*sum L + c per pass) from "
+                     "measured microbatch times")((_args, _run))

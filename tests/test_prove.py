@@ -1,0 +1,88 @@
+"""The proof tool: its figures are computed right from trainer logs and plans, and a short
+2-rank run of both strategies yields a complete report whose loss curves agree."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from balancer import Layout, PlannerConfig, SampleTable, plan_epoch  # noqa: E402
+from balancer.calibration import Calibration, write_preset  # noqa: E402
+from balancer.cost import PassCost, load_cost_model  # noqa: E402
+from tools import prove  # noqa: E402
+
+
+def test_measured_block_step_time_is_slowest_rank():
+    log = {"steps": [{"compute_s": [9.0, 1.0], "tokens": [5, 5]},
+                     {"compute_s": [1.0, 3.0], "tokens": [4, 6]},
+                     {"compute_s": [2.0, 2.0], "tokens": [7, 3]}]}
+    m = prove.measured_block(log, skip=1)
+    assert m["step_time"] == [9.0, 3.0, 2.0]
+    assert m["step_time_total"] == 5.0 and m["step_time_mean"] == 2.5
+    assert m["dp_imbalance"]["max"] == pytest.approx(1.5)  # 3 / mean(1, 3)
+    assert m["dp_imbalance"]["mean"] == pytest.approx(1.25)
+    assert m["tokens"] == 20 and m["compute_total"] == 8.0
+
+
+def test_predicted_block_is_the_plans_rank_cost():
+    cost = load_cost_model("quadratic-64k")
+    lengths = np.random.default_rng(0).integers(1, 900, 400)
+    plan = plan_epoch(SampleTable(lengths), cost, Layout(dp=2, microbatches=2, capacity=1024),
+                      PlannerConfig(strategy="sequential", seed=0), epoch=0)
+    p = prove.predicted_block(plan, cost, n_steps=5, skip=1)
+    mb = plan.mb_fwd + plan.mb_bwd  # the planner's own per-microbatch costs
+    for s in range(5):
+        want = [mb[plan.microbatch_ids(s, r)].sum() for r in range(2)]
+        np.testing.assert_allclose(p["rank_time"][s], want, rtol=1e-12)
+    rt = np.array(p["rank_time"])
+    assert p["step_time_total"] == pytest.approx(rt[1:].max(axis=1).sum())
+    assert p["dp_imbalance"]["mean"] == pytest.approx(
+        (rt[1:].max(axis=1) / rt[1:].mean(axis=1)).mean())
+
+
+def test_loss_agreement_figures():
+    base = [5.0, 4.0, 3.0, 2.6, 2.4, 2.2]
+    other = [5.1, 4.1, 3.1, 2.7, 2.5]  # fewer, fuller steps: same tokens
+    la = prove.loss_agreement({"sequential": base, "balanced": other},
+                              {"sequential": [10] * 6, "balanced": [12] * 5}, final_fraction=0.5)
+    s, b = la["strategies"]["sequential"], la["strategies"]["balanced"]
+    assert s["final_steps"] == 3 and s["final_mean"] == pytest.approx(2.4)
+    assert s["noise"] == pytest.approx(0.2 / np.sqrt(3))
+    want = (3.1 + 2.7 + 2.5) / 3  # steps 2..4 end past 30 of 60 tokens
+    assert b["final_steps"] == 3 and b["final_mean"] == pytest.approx(want)
+    assert b["final_mean_rel_diff"] == pytest.approx((want - 2.4) / 2.4)
+    se = np.hypot(b["noise"], s["noise"])
+    assert b["final_mean_diff_over_noise"] == pytest.approx((want - 2.4) / se)
+    assert s["final_mean_diff_over_noise"] == 0.0
+
+
+def test_two_rank_proof_run_reports_both_strategies(tmp_path):
+    preset = write_preset(Calibration(forward=PassCost(a=2e-8, b=1e-5, c=1e-3),
+                                      backward=PassCost(a=4e-8, b=2e-5, c=1e-3)),
+                          tmp_path / "cal.yaml")
+    args = prove.parse_args([
+        "--cost-model", str(preset), "--worlds", "2", "--samples", "160", "--scale", "0.02",
+        "--capacity", "512", "--microbatches", "2", "--steps", "6", "--dim", "32", "--layers", "1",
+        "--heads", "2", "--vocab", "32", "--lr", "1e-2", "--timeout", "120",
+        "--out", str(tmp_path / "out")])
+    rep = prove.run(args)
+    assert json.loads((tmp_path / "out" / "prove.json").read_text()) == json.loads(json.dumps(rep))
+    md = (tmp_path / "out" / "prove.md").read_text()
+    assert "| sequential |" in md and "| balanced |" in md
+    w = rep["worlds"]["2"]
+    assert set(w["strategies"]) == {"sequential", "balanced"}
+    for s, r in w["strategies"].items():
+        assert r["steps"] == 6 and r["plan_matches_trainer"], s
+        m, p = r["measured"], r["predicted"]
+        assert len(m["compute_s"]) == 6 and all(len(c) == 2 and min(c) > 0 for c in m["compute_s"])
+        assert m["dp_imbalance"]["mean"] >= 1.0 and p["dp_imbalance"]["mean"] >= 1.0
+        assert p["unit"] == "seconds" and p["step_time_total"] > 0
+        assert r["loss"][-1] < r["loss"][0], s  # both learn
+    assert w["speedup"]["sequential"]["measured"] == pytest.approx(1.0)
+    keys = {"measured", "predicted", "relative_gap", "measured_load_normalised"}
+    assert keys <= set(w["speedup"]["balanced"])
+    # balancing changes the order inside and around steps, not what is learned
+    la = w["loss_agreement"]["strategies"]["balanced"]
+    assert la["final_mean_rel_diff"] < 0.05 and la["final_mean_diff_over_noise"] < 3

@@ -1,0 +1,223 @@
+"""Calibrate a cost model: time the forward and the backward pass of a real torch module on
+packed microbatches of varied document lengths and counts, fit ``a*sum L^2 + b*sum L + c`` per
+pass (balancer.calibration), report R^2 and the relative error on held-out shapes, and write a
+preset the planner loads.
+
+    ./dev python tools/calibrate.py --name tiny-lm-cpu            # TinyLM, CPU, 1 thread
+    ./dev python tools/calibrate.py --module pkg.mod:factory --vocab 32000 --device cuda \
+        --capacity 16384 --out configs/models/mine.yaml
+
+The module is ``TinyLM(vocab, dim, layers, heads)`` (tools/tiny_lm.py) by default or whatever
+``--module pkg.mod:factory`` returns (``factory(**json.loads(--module-kwargs))``); it is called
+as ``module(input_ids[T], position_ids[T], cu_seqlens int32[N+1], max_seqlen)``. A 2-D output
+``[T, V]`` is scored with the summed next-token cross-entropy the trainer uses, anything else
+with ``output.float().sum()``. The forward time includes the loss (the trainer's forward does);
+the backward time is ``loss.backward()`` into existing gradient buffers (the steady state of
+gradient accumulation).
+
+Timing is warm (``--warmup`` passes over every shape first), repeated (``--repeats``, each
+repeat visits the shapes in a new random order so slow drift of a shared machine spreads over
+all shapes instead of biasing a few) and the median per shape is fitted. Fit and held-out shapes
+are drawn independently (``--fit-shapes``, ``--held-out-shapes``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from balancer import calibration as cal_mod  # noqa: E402
+from balancer.cost import config_dir  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("module")
+    g.add_argument("--module", default=None,
+                   help="pkg.mod:factory returning a torch.nn.Module (default: tools.tiny_lm.TinyLM)")
+    g.add_argument("--module-kwargs", default="{}", help="JSON keyword arguments of the factory")
+    g.add_argument("--vocab", type=int, default=256, help="vocabulary size (token ids drawn below it)")
+    g.add_argument("--dim", type=int, default=64, help="TinyLM width")
+    g.add_argument("--layers", type=int, default=2, help="TinyLM blocks")
+    g.add_argument("--heads", type=int, default=4, help="TinyLM heads")
+    g.add_argument("--attention", choices=("loop", "mask"), default="loop", help="TinyLM attention")
+    g = p.add_argument_group("measurement")
+    g.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    g.add_argument("--threads", type=int, default=1, help="torch CPU threads (the trainer's ranks use 1)")
+    g.add_argument("--capacity", type=int, default=4096, help="largest microbatch in tokens")
+    g.add_argument("--max-docs", type=int, default=16, help="most documents in a microbatch")
+    g.add_argument("--fit-shapes", type=int, default=48, help="microbatch shapes to fit on")
+    g.add_argument("--held-out-shapes", type=int, default=24, help="shapes only evaluated")
+    g.add_argument("--warmup", type=int, default=1, help="untimed passes over every shape")
+    g.add_argument("--repeats", type=int, default=5, help="timed passes per shape (median)")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("output")
+    g.add_argument("--name", default="tiny-lm-cpu", help="preset name (configs/models/<name>.yaml)")
+    g.add_argument("--out", default=None, help="preset path (default: configs/models/<name>.yaml)")
+    g.add_argument("--json", default=None, help="write observations and fit quality here")
+    return p.parse_args(argv)
+
+
+def build_module(args) -> torch.nn.Module:
+    """TinyLM from the flags, or ``factory(**kwargs)`` of ``--module pkg.mod:factory``."""
+    if args.module is None:
+        from tools.tiny_lm import TinyLM
+        return TinyLM(args.vocab, args.dim, args.layers, args.heads, attention=args.attention)
+    if ":" not in args.module:
+        raise ValueError(f"--module {args.module!r} must be 'package.module:factory'")
+    mod, fn = args.module.split(":", 1)
+    factory = getattr(importlib.import_module(mod), fn)
+    module = factory(**json.loads(args.module_kwargs))
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"{args.module} returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def make_inputs(docs: list[int], vocab: int, device, gen: torch.Generator) -> dict:
+    """Packed THD tensors of one microbatch: ids, positions, cu_seqlens, max_seqlen, labels."""
+    lens = torch.tensor(docs, dtype=torch.int64)
+    total = int(lens.sum())
+    cu = torch.zeros(len(docs) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    starts = torch.repeat_interleave(cu[:-1].to(torch.int64), lens)
+    pos = torch.arange(total) - starts
+    ids = torch.randint(0, vocab, (total,), generator=gen)
+    labels = torch.cat([ids[1:], ids[:1]])
+    labels[cu[1:].to(torch.int64) - 1] = -100  # no label across a document boundary
+    return {"input_ids": ids.to(device), "position_ids": pos.to(device),
+            "cu_seqlens": cu.to(device), "max_seqlen": int(lens.max()),
+            "labels": labels.to(device)}
+
+
+def _loss(out, labels):
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == labels.shape[0]:
+        from tools.tiny_lm import token_loss_sum
+        return token_loss_sum(out, labels)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return out.float().sum()
+
+
+class PassTimer:
+    """Times forward (with the loss) and backward of ``module`` on one packed microbatch."""
+
+    def __init__(self, module: torch.nn.Module, device):
+        self.module, self.device = module, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, x: dict) -> tuple[float, float]:
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.module(x["input_ids"], x["position_ids"], x["cu_seqlens"], x["max_seqlen"])
+        loss = _loss(out, x["labels"])
+        self._sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        self._sync()
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t1
+
+
+def measure(timer: PassTimer, shapes: list[list[int]], vocab: int, warmup: int, repeats: int,
+            seed: int = 0, progress: bool = True) -> cal_mod.Observations:
+    """Median forward and backward seconds of every shape (see the module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = [make_inputs(s, vocab, timer.device, gen) for s in shapes]
+    for p in timer.module.parameters():  # gradient buffers exist, as in accumulation
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    rng = np.random.default_rng(seed)
+    times = np.zeros((repeats, len(shapes), 2))
+    t_start = time.perf_counter()
+    for r in range(-warmup, repeats):
+        for i in rng.permutation(len(shapes)):
+            f, b = timer(inputs[i])
+            if r >= 0:
+                times[r, i] = f, b
+        if progress:
+            print(f"  pass {r + warmup + 1}/{warmup + repeats} "
+                  f"({time.perf_counter() - t_start:.1f} s)", file=sys.stderr, flush=True)
+    med = np.median(times, axis=0)
+    lens, off = cal_mod.to_csr(shapes)
+    return cal_mod.Observations(lens, off, {"forward": med[:, 0], "backward": med[:, 1]})
+
+
+def run(args) -> dict:
+    """Measure, fit, write the preset (and JSON); returns the JSON document."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    module = build_module(args).to(device=device, dtype=getattr(torch, args.dtype)).train()
+    rng = np.random.default_rng(args.seed)
+    fit_shapes = cal_mod.sample_shapes(args.fit_shapes, args.capacity, rng, args.max_docs)
+    held_shapes = cal_mod.sample_shapes(args.held_out_shapes, args.capacity, rng, args.max_docs)
+    timer = PassTimer(module, device)
+    both = measure(timer, fit_shapes + held_shapes, args.vocab, args.warmup, args.repeats,
+                   args.seed)
+    nf = len(fit_shapes)
+    split = lambda sl: cal_mod.Observations(*cal_mod.to_csr(both.microbatches()[sl]),  # noqa
+                                            {k: both.seconds[k][sl] for k in cal_mod.PASSES})
+    fit, held = split(slice(0, nf)), split(slice(nf, None))
+    cal = cal_mod.calibrate(fit, held)
+    label = args.module or f"TinyLM(vocab={args.vocab}, dim={args.dim}, layers={args.layers}, " \
+                           f"heads={args.heads}, attention={args.attention})"
+    desc = (f"{label} on {args.device} ({args.dtype}, {args.threads} threads), seconds per "
+            f"microbatch, fitted on {nf} shapes up to {args.capacity} tokens")
+    hq = cal.quality["held_out"]
+    comments = [f"generated by tools/calibrate.py; {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                *(f"{k}: fit R^2 {cal.quality['fit'][k]['r2']:.4f}, held-out R^2 "
+                  f"{hq[k]['r2']:.4f}, held-out median rel. error {hq[k]['rel_error']['median']:.4f}"
+                  for k in (*cal_mod.PASSES, "total"))]
+    out = Path(args.out) if args.out else config_dir() / "models" / f"{args.name}.yaml"
+    cal_mod.write_preset(cal, out, desc, comments)
+    doc = {"preset": str(out), "description": desc,
+           "forward": cal.forward.model_dump(), "backward": cal.backward.model_dump(),
+           "quality": {s: {k: {kk: vv for kk, vv in v.items() if kk != "errors"}
+                           for k, v in q.items()} for s, q in cal.quality.items()},
+           "held_out_errors": {k: hq[k]["errors"] for k in hq},
+           "fit_observations": fit.to_json(), "held_out_observations": held.to_json(),
+           "args": vars(args)}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def format_quality(doc: dict) -> str:
+    lines = [f"{'pass':9s} {'a':>11s} {'b':>11s} {'c':>11s}  {'R2 fit':>7s} {'R2 held':>7s} "
+             f"{'rel.err held: median':>21s} {'p90':>7s} {'max':>7s}"]
+    q = doc["quality"]
+    for k in (*cal_mod.PASSES, "total"):
+        co = doc.get(k, {"a": float("nan"), "b": float("nan"), "c": float("nan")})
+        e = q["held_out"][k]["rel_error"]
+        lines.append(f"{k:9s} {co['a']:11.4e} {co['b']:11.4e} {co['c']:11.4e}  "
+                     f"{q['fit'][k]['r2']:7.4f} {q['held_out'][k]['r2']:7.4f} "
+                     f"{100 * e['median']:20.2f}% {100 * e['p90']:6.2f}% {100 * e['max']:6.2f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    doc = run(args)
+    print(format_quality(doc))
+    print(f"wrote {doc['preset']}" + (f" and {args.json}" if args.json else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
