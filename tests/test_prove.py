@@ -83,6 +83,8 @@ def test_two_rank_proof_run_reports_both_strategies(tmp_path):
     assert w["speedup"]["sequential"]["measured"] == pytest.approx(1.0)
     keys = {"measured", "predicted", "relative_gap", "measured_load_normalised"}
     assert keys <= set(w["speedup"]["balanced"])
-    # balancing changes the order inside and around steps, not what is learned
+    # balancing changes the order inside and around steps, not what is learned: after 6 steps
+    # the final losses differ by less than 3 standard errors of their own noise (a relative
+    # bound would be flaky this early in training)
     la = w["loss_agreement"]["strategies"]["balanced"]
-    assert la["final_mean_rel_diff"] < 0.05 and la["final_mean_diff_over_noise"] < 3
+    assert la["final_mean_diff_over_noise"] < 3 and la["final_mean_rel_diff"] < 0.15
