@@ -255,20 +255,26 @@ def merge_windows(parts) -> "packing.StreamPlan":
 
 
 def microbatch_costs(cost: CostModel, entry_length: np.ndarray, mb_offsets: np.ndarray):
-    """Predicted ``(forward, backward)`` of every microbatch (float64[M] each), computed block
-    by block so no full-length temporary is held."""
+    """Predicted ``(forward, backward)`` of every microbatch (float64[M] each): each one the sum
+    of its documents' costs in entry order, so the result does not depend on where the entries
+    sit in a larger plan. Computed in blocks cut at microbatch boundaries, so no full-length
+    temporary is held."""
     n_mb = mb_offsets.shape[0] - 1
     mb_f = np.zeros(n_mb)
     mb_b = np.zeros(n_mb)
     if n_mb == 0:
         return mb_f, mb_b
-    mb_of = np.empty(0, np.int64)
-    for lo in range(0, entry_length.shape[0], _BLOCK):
-        hi = min(lo + _BLOCK, entry_length.shape[0])
+    n = entry_length.shape[0]
+    lo = int(mb_offsets[0])
+    while lo < n:
+        j = int(np.searchsorted(mb_offsets, lo + _BLOCK, side="left"))
+        hi = int(mb_offsets[min(j, n_mb)])
+        hi = max(hi, int(mb_offsets[np.searchsorted(mb_offsets, lo, side="right")]))
         f, b = cost.doc_costs(entry_length[lo:hi])
         mb_of = np.searchsorted(mb_offsets, np.arange(lo, hi), side="right") - 1
         mb_f += np.bincount(mb_of, weights=f, minlength=n_mb)
         mb_b += np.bincount(mb_of, weights=b, minlength=n_mb)
+        lo = hi
     cf, cb = cost.microbatch_constant
     return mb_f + cf, mb_b + cb
 

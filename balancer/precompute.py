@@ -1,0 +1,432 @@
+"""Precompute plans into a plan store, in parallel: the epoch's stream is cut into the planner's
+independent windows (``PlannerConfig.window_samples``), windows are planned by a pool of worker
+processes on one machine, or by the ranks of a ``torchrun`` / ``torch.distributed`` job, and the
+result is bit-identical to a single-process :func:`balancer.plan_epoch` / ``plan_epochs`` with
+the same config (the window boundaries, not the number of workers, define the plan).
+
+Memory stays small: the items of a window are made on demand from the epoch order (only the
+permutation, 8 bytes per sample, is held for the whole epoch) and every planned window is
+appended to the store's files as soon as it arrives, so the plan itself is never in memory.
+Under torch.distributed every rank plans a contiguous block of windows and writes its slices
+straight into the store's preallocated files (a file system all ranks see); rank 0 allocates
+the files and writes the manifest after every rank has written and hashed its share.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from . import store
+from .config import Layout, PlannerConfig
+from .cost import CostModel
+from .planner import EpochStream, Items, epoch_order, make_items, padded_sizes, plan_window
+from .samples import SampleTable
+
+
+@dataclass
+class PlanPart:
+    """One planned window: entries (E_w), entries per microbatch (M_w), microbatches per rank per
+    step (S_w), leftover items (L_w); ``counts`` are its partial sums for the summary."""
+
+    entry_sample: np.ndarray
+    entry_start: np.ndarray
+    entry_length: np.ndarray
+    entry_delay: np.ndarray
+    mb_sizes: np.ndarray
+    step_mbs: np.ndarray
+    leftover: Items
+    max_delay_bound: int  # config.max_delay, to count entries that waited longer
+
+    @property
+    def counts(self) -> dict:
+        d = self.entry_delay
+        return {"entries": int(self.entry_sample.shape[0]), "mbs": int(self.mb_sizes.shape[0]),
+                "steps": int(self.step_mbs.shape[0]), "leftover": len(self.leftover),
+                "tokens": int(self.entry_length.sum()),
+                "max_delay": int(d.max()) if d.size else 0, "delayed": int((d > 0).sum()),
+                "over_bound": int((d > self.max_delay_bound).sum())}
+
+
+class EpochWindows:
+    """An epoch's item stream (``planner.epoch_stream``), produced window by window.
+
+    Items are the carried-in ones, then every sample in epoch order, over-long ones cut into
+    pieces (``over_length='chunk'``). Only the order (int64[n]) and the positions of the
+    over-long samples are held; ``items(lo, hi)`` rebuilds any item range with
+    ``planner.make_items`` on the few samples that cover it."""
+
+    def __init__(self, lengths: np.ndarray, layout: Layout, config: PlannerConfig, epoch: int,
+                 carry_in: Optional[Items] = None, block: int = 1 << 20):
+        self.lengths, self.layout, self.config = lengths, layout, config
+        n = lengths.shape[0]
+        self.order = epoch_order(n, config.seed, epoch, config.shuffle)
+        unit = 2 * layout.cp if layout.cp > 1 else 1
+        self.max_piece = (layout.capacity // unit) * unit
+        make_items(self.order[:0], lengths, layout.capacity, layout.cp, config.over_length)
+        tl = [lo + np.flatnonzero(lengths[self.order[lo:lo + block]] > self.max_piece)
+              for lo in range(0, n, block)]
+        self.tl_pos = np.concatenate(tl) if tl else np.zeros(0, np.int64)
+        if self.tl_pos.size:  # raises the planner's own error under over_length='error'
+            p = int(self.tl_pos[0])
+            make_items(self.order[p:p + 1], lengths, layout.capacity, layout.cp,
+                       config.over_length)
+        extra = -(-lengths[self.order[self.tl_pos]] // self.max_piece) - 1
+        self.extra_before = np.concatenate([[0], np.cumsum(extra)]).astype(np.int64)
+        self.carry = carry_in if carry_in is not None and len(carry_in) else None
+        self.n_carry = 0 if self.carry is None else len(self.carry)
+        self.n_items = self.n_carry + n + int(self.extra_before[-1])
+        self.stats = {"samples_chunked": int(self.tl_pos.size),
+                      "pieces_added": int(self.extra_before[-1]), "carried_in": self.n_carry}
+        k, w = self.n_items, config.window_samples or self.n_items
+        self.windows = [(lo, min(lo + w, k)) for lo in range(0, k, w)] or [(0, 0)]
+
+    def _start(self, p: int) -> int:
+        """Index (after the carried-in items) of the first item of order position ``p``."""
+        return p + int(self.extra_before[np.searchsorted(self.tl_pos, p, side="left")])
+
+    def _position(self, k: int) -> int:
+        """The last order position whose first item is at or before item ``k``."""
+        lo, hi = 0, self.lengths.shape[0]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._start(mid) <= k:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def items(self, lo: int, hi: int) -> Items:
+        parts = []
+        if lo < self.n_carry:
+            c, e = self.carry, min(hi, self.n_carry)
+            parts.append(Items(c.sample[lo:e], c.start[lo:e], c.length[lo:e]))
+        k0, k1 = max(lo, self.n_carry) - self.n_carry, hi - self.n_carry
+        if k1 > k0:
+            p0 = self._position(k0)
+            p1 = self._position(k1 - 1) + 1
+            it, _ = make_items(self.order[p0:p1], self.lengths, self.layout.capacity,
+                               self.layout.cp, self.config.over_length)
+            if lo == 0 and hi == self.n_items and it.sample.base is not self.order:
+                self.order = None  # a one-window epoch: the order is not needed again
+            s = k0 - self._start(p0)
+            parts.append(Items(it.sample[s:s + k1 - k0], it.start[s:s + k1 - k0],
+                               it.length[s:s + k1 - k0]))
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return Items(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return Items(*(np.concatenate([getattr(p, f) for p in parts])
+                       for f in ("sample", "start", "length")))
+
+
+def plan_part(ew: EpochWindows, cost: CostModel, i: int) -> PlanPart:
+    """Plan window ``i`` of the epoch exactly as ``plan_epoch`` does (same sizes, costs, budget
+    and ``plan_window`` call). Microbatch costs are left for :func:`part_slices`, which knows
+    where the window's entries sit in the epoch."""
+    layout, config = ew.layout, ew.config
+    lo, hi = ew.windows[i]
+    items = ew.items(lo, hi)
+    if config.global_batch_samples is not None:
+        budget, weights = int(config.global_batch_samples), np.ones(len(items), np.int64)
+    else:
+        budget = int(config.global_batch_tokens or layout.dp * layout.microbatches * layout.capacity)
+        weights = None
+    stream = EpochStream(items, padded_sizes(items.length, layout.cp), None, None, budget,
+                         weights, {}, costs=cost.doc_total(items.length))
+    sp = plan_window(stream, layout, config, 0, len(items), i == len(ew.windows) - 1)
+    del stream  # gather the plan's columns one at a time, releasing what is no longer needed
+    e, left = sp.entry_item, sp.leftover
+    leftover = Items(items.sample[left], items.start[left], items.length[left])
+    cols = [items.sample, items.start, items.length]
+    del items
+    for j in range(3):
+        cols[j] = cols[j][e]
+    return PlanPart(*cols, sp.entry_delay, np.diff(sp.mb_offsets), sp.step_mbs, leftover,
+                    config.max_delay)
+
+
+def window_mb_costs(cost: CostModel, entry_length: np.ndarray, mb_sizes: np.ndarray,
+                    base: int) -> tuple[np.ndarray, np.ndarray]:
+    """``planner.microbatch_costs`` for the microbatches of one window: every microbatch is the
+    sum of its own documents in order, so the window's slice equals the whole-epoch result bit
+    for bit wherever the window starts (``base`` is kept for the call signature)."""
+    from . import planner
+    offsets = np.zeros(mb_sizes.shape[0] + 1, dtype=np.int64)
+    np.cumsum(mb_sizes, out=offsets[1:])
+    return planner.microbatch_costs(cost, entry_length, offsets)
+
+
+def part_slices(part: PlanPart, base: dict, dp: int, cost: CostModel) -> dict:
+    """name -> (element offset, array) of a window's slice of every stored array, given the
+    entries/mbs/steps/leftover of the windows before it (``base``)."""
+    n_mb = part.step_mbs * dp
+    local_step = np.repeat(np.arange(part.step_mbs.shape[0]), n_mb)
+    first = np.concatenate([[0], np.cumsum(n_mb)[:-1]]).astype(np.int64)
+    rank = (np.arange(part.mb_sizes.shape[0]) - first[local_step]) // \
+        np.repeat(part.step_mbs, n_mb)
+    e, m, s, l_ = base["entries"], base["mbs"], base["steps"], base["leftover"]
+    mb_fwd, mb_bwd = window_mb_costs(cost, part.entry_length, part.mb_sizes, e)
+    return {"entry_sample": (e, part.entry_sample), "entry_start": (e, part.entry_start),
+            "entry_length": (e, part.entry_length), "entry_delay": (e, part.entry_delay),
+            "mb_offsets": (m + 1, e + np.cumsum(part.mb_sizes)),
+            "mb_step": (m, s + local_step), "mb_rank": (m, rank),
+            "mb_fwd": (m, mb_fwd), "mb_bwd": (m, mb_bwd), "step_mbs": (s, part.step_mbs),
+            "leftover_sample": (l_, part.leftover.sample),
+            "leftover_start": (l_, part.leftover.start),
+            "leftover_length": (l_, part.leftover.length)}
+
+
+_ZERO = {"entries": 0, "mbs": 0, "steps": 0, "leftover": 0, "tokens": 0, "max_delay": 0,
+         "delayed": 0, "over_bound": 0}
+
+
+def _add(total: dict, c: dict) -> dict:
+    out = {k: total[k] + c[k] for k in total if k != "max_delay"}
+    out["max_delay"] = max(total["max_delay"], c["max_delay"])
+    return out
+
+
+def _epoch_record(epoch: int, infos: dict, tot: dict, stats: dict, layout: Layout) -> dict:
+    summary = store.epoch_summary(tot["entries"], tot["mbs"], tot["steps"], tot["tokens"],
+                                  tot["leftover"], tot["max_delay"], tot["delayed"],
+                                  layout.capacity)
+    return {"epoch": epoch, "dir": store.epoch_dirname(epoch), "arrays": infos,
+            "stats": stats, "summary": summary}
+
+
+def _finish_stats(stats: dict, config: PlannerConfig, tot: dict, seconds: float) -> dict:
+    """The plan's stats as ``planner.build_plan`` / ``plan_epoch`` record them."""
+    stats, n_left = dict(stats), tot["leftover"]
+    stats["dropped"] = n_left if config.tail == "drop" else 0
+    stats["carried_out"] = n_left if config.tail == "carry" else 0
+    stats["delay_bound_exceeded"] = tot["over_bound"]
+    stats["plan_seconds"] = seconds
+    return stats
+
+
+# ---- one machine: a pool of processes ------------------------------------------------------
+_WORKER: dict = {}
+
+
+def _init_worker(ew, cost):
+    _WORKER["ew"], _WORKER["cost"] = ew, cost
+
+
+def _plan_in_worker(i: int) -> PlanPart:
+    return plan_part(_WORKER["ew"], _WORKER["cost"], i)
+
+
+def _pool_context():
+    methods = mp.get_all_start_methods()
+    # fork shares the order and the compiled kernels with the workers for free
+    return mp.get_context("fork" if "fork" in methods else "spawn")
+
+
+def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,
+               out, *, epochs: int = 1, workers: int = 1, progress: bool = False,
+               overwrite: bool = False, extra: Optional[dict] = None, group=None) -> Path:
+    """Plan ``epochs`` epochs (carrying the tail between them like ``plan_epochs``) into the
+    plan directory ``out``, with ``workers`` processes, or over the ranks of ``group`` /
+    the initialised default torch.distributed process group when it has several ranks."""
+    if epochs < 1:
+        raise ValueError(f"epochs {epochs} must be >= 1")
+    if workers < 1:
+        raise ValueError(f"workers {workers} must be >= 1")
+    from . import strategies
+    strategies.get(config.strategy)
+    dist = _distributed(group)
+    if dist is not None:
+        return _precompute_distributed(samples, cost, layout, config, out, epochs=epochs,
+                                      progress=progress, overwrite=overwrite, extra=extra,
+                                      group=group)
+    t_all = time.perf_counter()
+    header = store.plan_header(layout, config, cost, len(samples), samples.fingerprint(),
+                               samples.total_tokens)
+    writer = store.PlanDirWriter(out, overwrite=overwrite)
+    bar = _bar(progress)
+    try:
+        records, carry, n_windows = [], None, []
+        for epoch in range(epochs):
+            t0 = time.perf_counter()
+            ew = EpochWindows(samples.lengths, layout, config, epoch, carry)
+            nw = len(ew.windows)
+            n_windows.append(nw)
+            if bar is not None:
+                bar.total = (bar.total or 0) + nw
+                bar.set_description(f"epoch {epoch}")
+            d = writer.epoch_dir(epoch)
+            apps = {k: store.ArrayAppender(d / f"{k}.npy", dt) for k, dt in store.ARRAYS.items()}
+            apps["mb_offsets"].append(np.zeros(1, np.int64))
+            tot, last = dict(_ZERO), None
+            pool = None
+            if workers > 1 and nw > 1:
+                if epoch == 0:
+                    _warm_kernels(cost, layout, config)
+                pool = _pool_context().Pool(min(workers, nw), _init_worker, (ew, cost))
+                parts = pool.imap(_plan_in_worker, range(nw))
+            else:
+                parts = (plan_part(ew, cost, i) for i in range(nw))
+            try:
+                for part in parts:
+                    for name, (off, a) in part_slices(part, tot, layout.dp, cost).items():
+                        apps[name].append(a)
+                    tot, last = _add(tot, part.counts), part
+                    if bar is not None:
+                        bar.update(1)
+            finally:
+                if pool is not None:
+                    pool.terminate()
+                    pool.join()
+            infos = {k: a.close() for k, a in apps.items()}
+            stats = _finish_stats(ew.stats, config, tot, time.perf_counter() - t0)
+            records.append(_epoch_record(epoch, infos, tot, stats, layout))
+            carry = last.leftover if config.tail == "carry" else None
+        manifest = dict(header, epochs=records, extra=extra or {},
+                        precompute={"workers": workers, "world_size": 1, "windows": n_windows,
+                                    "seconds": time.perf_counter() - t_all})
+        return writer.commit(manifest)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# ---- many machines: ranks of a torch.distributed job -----------------------------------------
+def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progress, overwrite,
+                            extra, group) -> Path:
+    """Rank r plans windows ``[r * W // world, (r + 1) * W // world)`` of every epoch and writes
+    them into files rank 0 allocated once every rank's sizes are known (``all_gather``); each
+    rank hashes a share of the arrays; rank 0 writes the manifest and renames the directory."""
+    import torch.distributed as dist
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    t_all = time.perf_counter()
+    msg = [None, None]
+    if rank == 0:
+        try:
+            msg[0] = str(store.PlanDirWriter(out, overwrite=overwrite).tmp)
+        except (OSError, ValueError) as e:
+            msg[1] = f"{type(e).__name__}: {e}"
+    dist.broadcast_object_list(msg, src=src, group=group)
+    if msg[1]:
+        raise ValueError(msg[1])
+    writer = store.PlanDirWriter(out, overwrite=True, tmp=Path(msg[0]))
+    bar = _bar(progress and rank == 0)
+    try:
+        records, carry, n_windows = [], None, []
+        for epoch in range(epochs):
+            t0 = time.perf_counter()
+            ew = EpochWindows(samples.lengths, layout, config, epoch, carry)
+            nw = len(ew.windows)
+            n_windows.append(nw)
+            mine = range(rank * nw // world, (rank + 1) * nw // world)
+            if bar is not None:
+                bar.total = (bar.total or 0) + len(mine)
+                bar.set_description(f"epoch {epoch} (rank 0 of {world})")
+            parts = []
+            for i in mine:
+                parts.append(plan_part(ew, cost, i))
+                if bar is not None:
+                    bar.update(1)
+            own_last = len(mine) and mine[-1] == nw - 1
+            mine_info = {"counts": [p.counts for p in parts],
+                         "leftover": parts[-1].leftover if own_last else None}
+            every = [None] * world
+            dist.all_gather_object(every, mine_info, group=group)
+            counts = [c for r in every for c in r["counts"]]
+            base = dict(_ZERO)
+            for c in counts[:mine.start]:
+                base = _add(base, c)
+            tot = dict(_ZERO)
+            for c in counts:
+                tot = _add(tot, c)
+            d = writer.tmp / store.epoch_dirname(epoch)
+            sizes = _array_sizes(tot)
+            if rank == 0:
+                d.mkdir(exist_ok=True)
+                for k, dt in store.ARRAYS.items():
+                    store.allocate_array(d / f"{k}.npy", dt, sizes[k])
+                store.write_slice(d / "mb_offsets.npy", "<i8", sizes["mb_offsets"], 0,
+                                  np.zeros(1, np.int64))
+            dist.barrier(group=group)
+            for part in parts:
+                for name, (off, a) in part_slices(part, base, layout.dp, cost).items():
+                    store.write_slice(d / f"{name}.npy", store.ARRAYS[name], sizes[name], off, a)
+                base = _add(base, part.counts)
+            dist.barrier(group=group)
+            names = list(store.ARRAYS)[rank::world]
+            digests = [None] * world
+            dist.all_gather_object(digests, {k: store.file_digest(d / f"{k}.npy") for k in names},
+                                   group=group)
+            digest = {k: v for r in digests for k, v in r.items()}
+            infos = {k: {"file": f"{k}.npy", "dtype": dt, "shape": [sizes[k]],
+                         "sha256": digest[k]} for k, dt in store.ARRAYS.items()}
+            stats = _finish_stats(ew.stats, config, tot, time.perf_counter() - t0)
+            records.append(_epoch_record(epoch, infos, tot, stats, layout))
+            left = every[-1]["leftover"]
+            carry = left if config.tail == "carry" else None
+        status = [None]
+        if rank == 0:
+            try:
+                manifest = dict(store.plan_header(layout, config, cost, len(samples),
+                                                  samples.fingerprint(), samples.total_tokens),
+                                epochs=records, extra=extra or {},
+                                precompute={"workers": 1, "world_size": world,
+                                            "windows": n_windows,
+                                            "seconds": time.perf_counter() - t_all})
+                writer.commit(manifest)
+            except Exception as e:  # tell the other ranks before raising
+                status[0] = f"{type(e).__name__}: {e}"
+        dist.broadcast_object_list(status, src=src, group=group)
+        if status[0]:
+            raise ValueError(f"rank 0 could not commit the plan: {status[0]}")
+        return Path(out)
+    except BaseException:
+        if rank == 0 and writer.tmp.exists():
+            writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _array_sizes(tot: dict) -> dict:
+    e, m, s, l_ = tot["entries"], tot["mbs"], tot["steps"], tot["leftover"]
+    return {"entry_sample": e, "entry_start": e, "entry_length": e, "entry_delay": e,
+            "mb_offsets": m + 1, "mb_step": m, "mb_rank": m, "mb_fwd": m, "mb_bwd": m,
+            "step_mbs": s, "leftover_sample": l_, "leftover_start": l_, "leftover_length": l_}
+
+
+def _warm_kernels(cost, layout, config) -> None:
+    """Compile (or load from the cache) the strategy's kernels before the workers fork, so
+    each worker does not compile them again."""
+    from .compare import warmup
+    try:
+        warmup([config.strategy], cost, layout, config.model_copy(update={"window_samples": None}))
+    except ValueError:
+        pass  # a tiny input the policy rejects: the workers compile what is left
+
+
+def _distributed(group):
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist if dist.get_world_size(group) > 1 else None
+
+
+def _bar(progress: bool):
+    if not progress:
+        return None
+    from tqdm import tqdm
+    tqdm.monitor_interval = 0  # no monitor thread: the pool forks
+    return tqdm(total=0, unit="window", dynamic_ncols=True)

@@ -1,0 +1,287 @@
+"""``python -m balancer precompute`` and ``python -m balancer inspect``: plans into a plan store,
+and what a stored plan holds.
+
+``precompute`` takes its values from ``--config`` YAML files (flat mappings, or sections
+``layout:``/``planner:``/``workload:`` that are flattened; later files win), then from the
+flags actually given on the command line, which override everything. Keys are the flag names
+with ``_`` (``dp``, ``capacity``, ``cost_model``, ``max_delay``, ``window_samples``, ...); an
+unknown key is an error. Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank runs the same
+command and plans its share of the windows (see :mod:`balancer.precompute`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import cli_args, store, workloads
+from .cli import command
+from .config import Layout, PlannerConfig, load_yaml
+from .cost import CostModel, load_cost_model
+from .samples import SampleTable
+
+
+class PrecomputeJob(BaseModel):
+    """What precompute reads and writes, besides the layout and the planner config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    lengths: Optional[str] = Field(None, description=".npy lengths file or a workload name")
+    samples: Optional[int] = Field(None, gt=0, description="resample the lengths to this many")
+    dataset: Optional[str] = Field(None, description="saved HF dataset directory, or jsonl / "
+                                                     "parquet file(s) (comma-separated)")
+    length_column: str = Field("length", description="integer column with sample lengths")
+    tokens_column: Optional[str] = Field(None, description="token-id column to measure when "
+                                                           "there is no length column")
+    num_proc: Optional[int] = Field(None, gt=0, description="processes measuring token columns")
+    cost_model: str = Field("quadratic-64k", description="cost model name, preset or YAML file")
+    epochs: int = Field(1, ge=1, description="epochs planned into the one plan directory")
+    workers: int = Field(1, ge=1, description="planning processes on this machine")
+    out: Optional[str] = Field(None, description="plan directory to write")
+
+
+_SECTIONS = ("layout", "planner", "workload")
+_JOB = set(PrecomputeJob.model_fields)
+_LAYOUT = set(Layout.model_fields)
+_PLANNER = set(PlannerConfig.model_fields)
+_RUN_ONLY = {"config", "strategies", "overwrite", "progress", "_run"}
+
+
+def _flag_type(annotation):
+    """argparse kwargs for a pydantic field annotation (int, float, str, bool, Literal,
+    Optional of these)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in args if a is not type(None))
+        args = typing.get_args(annotation)
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(annotation) is Literal:
+        return {"choices": args}
+    return {"type": annotation if annotation in (int, float, str) else str}
+
+
+def _precompute_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="append", default=[],
+                   help="YAML file of config values (repeatable; flags override it)")
+    cli_args.add_workload_args(p)
+    have = {a.dest for a in p._actions}
+    g = p.add_argument_group("planner (every PlannerConfig field)")
+    g.add_argument("--strategy", help="packing strategy (or --strategies with one name)")
+    for name, f in PlannerConfig.model_fields.items():
+        if name not in have and name != "strategy":
+            g.add_argument("--" + name.replace("_", "-"), dest=name, help=f.description,
+                           **_flag_type(f.annotation))
+    g = p.add_argument_group("precompute")
+    for name in ("dataset", "length_column", "tokens_column", "num_proc", "epochs", "workers",
+                 "out"):
+        f = PrecomputeJob.model_fields[name]
+        g.add_argument("--" + name.replace("_", "-"), dest=name, help=f.description,
+                       **_flag_type(f.annotation))
+    g.add_argument("--overwrite", action="store_true", help="replace an existing plan directory")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="tqdm progress bar (on rank 0)")
+    # only flags actually given reach the namespace, so config files fill the rest
+    for a in p._actions:
+        if a.dest not in ("help", "config", "overwrite", "progress"):
+            a.default = argparse.SUPPRESS
+
+
+def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerConfig, CostModel]:
+    """Merge config files and flags into validated (job, layout, planner config, cost)."""
+    values: dict = {}
+    for path in args.config:
+        doc = load_yaml(path)
+        flat = {}
+        for k, v in doc.items():
+            if k in _SECTIONS and isinstance(v, dict):
+                flat.update(v)
+            else:
+                flat[k] = v
+        for k in flat:
+            if k not in _JOB | _LAYOUT | _PLANNER:
+                raise ValueError(f"{path}: unknown key {k!r} (known: "
+                                 f"{sorted(_JOB | _LAYOUT | _PLANNER)})")
+        values.update(flat)
+    given = {k: v for k, v in vars(args).items() if k not in _RUN_ONLY}
+    if "strategies" in vars(args):
+        names = cli_args.parse_strategies(args.strategies)
+        if len(names) != 1:
+            raise ValueError(f"precompute plans one strategy, got --strategies {args.strategies}")
+        given.setdefault("strategy", names[0])
+    values.update(given)
+    if values.get("lengths") and values.get("dataset"):
+        raise ValueError("give --lengths or --dataset, not both")
+    if not values.get("lengths") and not values.get("dataset"):
+        raise ValueError("give --lengths FILE.npy|NAME or --dataset PATH (or either in --config)")
+    if not values.get("out"):
+        raise ValueError("give --out PLAN_DIR (or out: in --config)")
+    job = PrecomputeJob(**{k: v for k, v in values.items() if k in _JOB})
+    cost = load_cost_model(job.cost_model)
+    lay = {k: v for k, v in values.items() if k in _LAYOUT and v is not None}
+    if "capacity" not in lay:
+        lay["capacity"] = cost.capacity(lay.get("cp", 1), lay.get("pp", 1))
+    layout = Layout(**lay)
+    config = PlannerConfig(**{k: v for k, v in values.items() if k in _PLANNER and
+                              (v is not None or PlannerConfig.model_fields[k].default is None)})
+    return job, layout, config, cost
+
+
+def load_samples(job: PrecomputeJob, seed: int = 0) -> SampleTable:
+    """The sample lengths: a .npy / workload name (resampled with ``samples``), or a dataset."""
+    if job.lengths:
+        return SampleTable(workloads.load(job.lengths, n=job.samples, seed=seed))
+    if job.samples is not None:
+        raise ValueError("--samples resamples a lengths workload, not a --dataset")
+    ds = open_dataset(job.dataset)
+    return SampleTable.from_dataset(ds, job.length_column, job.tokens_column, job.num_proc)
+
+
+def open_dataset(spec: str):
+    """A saved HF dataset directory (``save_to_disk``), or jsonl / json / parquet files
+    (a file, a comma-separated list, or a directory of them)."""
+    import datasets
+    paths = [Path(s) for s in spec.split(",") if s]
+    if len(paths) == 1 and paths[0].is_dir():
+        d = paths[0]
+        if (d / "dataset_info.json").is_file() or (d / "state.json").is_file():
+            ds = datasets.load_from_disk(str(d))
+            if isinstance(ds, datasets.DatasetDict):
+                if len(ds) != 1:
+                    raise ValueError(f"{d}: a DatasetDict with splits {list(ds)}; give one split "
+                                     f"directory")
+                ds = next(iter(ds.values()))
+            return ds
+        paths = sorted(p for p in d.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
+        if not paths:
+            raise ValueError(f"{d}: neither a saved dataset nor a folder of jsonl/parquet files")
+    for p in paths:
+        if not p.is_file():
+            raise ValueError(f"{p}: no such dataset file")
+    kinds = {"parquet" if p.suffix == ".parquet" else "json" for p in paths}
+    if len(kinds) != 1 or not all(p.suffix in (".jsonl", ".json", ".parquet") for p in paths):
+        raise ValueError(f"dataset files must all be .jsonl/.json or all .parquet: {spec}")
+    return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in paths], split="train")
+
+
+def _init_distributed() -> bool:
+    """Join the torchrun job (gloo, env://) when launched with WORLD_SIZE > 1."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return True
+
+
+def _precompute_run(args) -> int:
+    from .precompute import precompute
+    job, layout, config, cost = resolve(args)
+    dist = _init_distributed()
+    rank = int(os.environ.get("RANK", "0")) if dist else 0
+    t0 = time.perf_counter()
+    samples = load_samples(job, seed=config.seed)
+    if rank == 0:
+        print(f"precompute: {len(samples):,} samples, {samples.total_tokens:,} tokens | "
+              f"{config.strategy} | dp={layout.dp} pp={layout.pp} cp={layout.cp} "
+              f"microbatches={layout.microbatches} capacity={layout.capacity:,} | "
+              f"{cost.name} | {job.epochs} epoch(s), window {config.window_samples or 'whole'}",
+              file=sys.stderr, flush=True)
+    if job.workers > 1 and config.window_samples is None and rank == 0:
+        print("note: window_samples is not set, so the epoch is one window and --workers has "
+              "no effect (set --window-samples; the plan depends on it)", file=sys.stderr)
+    extra = {"source": job.model_dump(mode="json", exclude={"out", "workers"})}
+    out = precompute(samples, cost, layout, config, job.out, epochs=job.epochs,
+                     workers=job.workers, progress=args.progress, overwrite=args.overwrite,
+                     extra=extra)
+    if rank == 0:
+        m = store.load_manifest(out)
+        steps = sum(e["summary"]["steps"] for e in m["epochs"])
+        mbs = sum(e["summary"]["microbatches"] for e in m["epochs"])
+        print(f"wrote {out}: {len(m['epochs'])} epoch(s), {steps:,} steps, {mbs:,} microbatches "
+              f"in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+command("precompute", "plan epochs ahead of training into a plan directory")(
+    (_precompute_args, _precompute_run))
+
+
+# ---- inspect --------------------------------------------------------------------------------
+def _inspect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan_dir", help="a plan directory written by precompute")
+    p.add_argument("--epoch", type=int, action="append",
+                   help="epoch(s) to summarise (default: all)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the SHA-256 check of every array")
+    p.add_argument("--json", help="also write the summary to this JSON file")
+
+
+def plan_cost_model(manifest: dict) -> CostModel:
+    spec = manifest["cost_model"].get("spec")
+    return CostModel.model_validate(spec) if spec else load_cost_model(manifest["cost_model"]["name"])
+
+
+def epoch_report(plan, cost: CostModel) -> dict:
+    """Headline figures of one stored epoch, recomputed from its arrays."""
+    from . import metrics
+    sm = metrics.step_metrics(plan, cost) if plan.n_microbatches else None
+    d = np.asarray(plan.entry_delay)
+    cap = plan.layout.capacity
+    tokens = int(np.asarray(plan.entry_length).sum())
+    out = {"epoch": plan.epoch, "steps": plan.n_steps, "microbatches": plan.n_microbatches,
+           "documents": int(d.shape[0]),
+           "samples": int((np.asarray(plan.entry_start) == 0).sum()), "tokens": tokens,
+           "leftover": len(plan.leftover),
+           "packing_efficiency": tokens / (plan.n_microbatches * cap) if plan.n_microbatches
+           else 0.0,
+           "max_delay": int(d.max()) if d.size else 0}
+    if sm is not None:
+        for k in ("microbatch_imbalance", "dp_imbalance", "pp_bubble_fraction"):
+            out[k] = metrics.summarize(sm[k])
+        out["cp_imbalance"] = metrics.summarize(metrics.cp_imbalance(plan))
+        out["est_step_time_total"] = float(sm["step_time"].sum())
+    return out
+
+
+def _inspect_run(args) -> int:
+    manifest = store.load_manifest(args.plan_dir)
+    store.check_compatible(manifest)
+    shown = {k: v for k, v in manifest.items() if k != "epochs"}
+    print(json.dumps(shown, indent=1))
+    cost = plan_cost_model(manifest)
+    epochs = args.epoch or [e["epoch"] for e in manifest["epochs"]]
+    reports = []
+    for e in epochs:
+        plan, _ = store.load_plan(args.plan_dir, e, verify=args.verify)
+        ent = next(x for x in manifest["epochs"] if x["epoch"] == e)
+        print(f"\nepoch {e} ({ent['dir']}): arrays " + ("verified" if args.verify else
+                                                        "not verified (--no-verify)"))
+        for name, a in ent["arrays"].items():
+            print(f"  {name:<16} {a['dtype']:>4} {a['shape'][0]:>13,}  sha256 {a['sha256'][:16]}")
+        r = epoch_report(plan, cost)
+        r["stats"] = ent.get("stats", {})
+        reports.append(r)
+        print(f"  steps {r['steps']:,}  microbatches {r['microbatches']:,}  samples "
+              f"{r['samples']:,}  documents {r['documents']:,}  tokens {r['tokens']:,}  "
+              f"leftover {r['leftover']:,}")
+        print(f"  packing efficiency {r['packing_efficiency']:.4f}  max delay {r['max_delay']}")
+        for k in ("microbatch_imbalance", "dp_imbalance", "cp_imbalance", "pp_bubble_fraction"):
+            if k in r:
+                s = r[k]
+                print(f"  {k:<21} mean {s['mean']:.4f}  p90 {s['p90']:.4f}  max {s['max']:.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"manifest": shown, "epochs": reports}, f, indent=1)
+    return 0
+
+
+command("inspect", "print a plan directory's manifest and summary figures")(
+    (_inspect_args, _inspect_run))
