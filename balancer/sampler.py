@@ -74,7 +74,8 @@ class PackedBatchSampler(Sampler):
     Give either ``samples`` + ``cost`` + ``layout`` (+ ``config``) to plan each epoch in memory
     with :func:`balancer.plan_epoch` (carrying the tail between epochs when
     ``config.tail == 'carry'``), or ``plan=``: a prebuilt :class:`Plan` (one epoch) or a callable
-    ``epoch -> Plan`` (e.g. a plan store's loader). Ranks default from the initialised process
+    ``epoch -> Plan``, or ``plan_dir=``: a precomputed plan store (``python -m balancer
+    precompute``), checked against ``layout``/``samples`` when they are given. Ranks default from the initialised process
     group (see the module docstring); ``num_replicas``/``rank`` follow ``DistributedSampler``
     and mean the DP size and DP rank. ``seed`` overrides ``config.seed``.
     """
@@ -84,9 +85,21 @@ class PackedBatchSampler(Sampler):
                  plan: Optional[PlanSource] = None, num_replicas: Optional[int] = None,
                  rank: Optional[int] = None, dp_rank: Optional[int] = None,
                  cp_rank: Optional[int] = None, pp_rank: Optional[int] = None, tp: int = 1,
-                 seed: Optional[int] = None, epoch: int = 0):
+                 seed: Optional[int] = None, epoch: int = 0, plan_dir=None,
+                 verify_plan: bool = True):
+        if plan_dir is not None:
+            if plan is not None:
+                raise ValueError("give plan= or plan_dir=, not both")
+            from . import store
+            # the manifest is checked against the running job (layout, dataset, sample count,
+            # format version) before anything is loaded; a mismatch names the value
+            plan = store.plan_source(
+                plan_dir, layout=layout,
+                dataset_fingerprint=samples.fingerprint() if samples is not None else None,
+                n_samples=len(samples) if samples is not None else None, verify=verify_plan)
         if plan is None and (samples is None or cost is None or layout is None):
-            raise ValueError("give samples, cost and layout (to plan in memory) or plan=")
+            raise ValueError("give samples, cost and layout (to plan in memory), plan= or "
+                             "plan_dir=")
         self.samples, self.cost = samples, cost
         config = config or PlannerConfig()
         if seed is not None:

@@ -225,3 +225,28 @@ def test_sigkill_during_overwrite_keeps_the_old_plan(setup, tmp_path):
     _kill_while_writing(_precompute_cmd(out, ["--overwrite"]), out)
     q, _ = store.load_plan(out, 0)  # the old plan, intact and verified
     assert_same_plan(q, setup[4][0])
+
+
+def test_sampler_reads_a_plan_directory(tmp_path):
+    """The drop-in sampler takes a precomputed plan directory, yields exactly the in-memory
+    plan's microbatches, and refuses a directory made for another layout."""
+    import numpy as np
+    import pytest
+
+    from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
+    from balancer.sampler import PackedBatchSampler
+    from balancer.store import save_plan
+    rng = np.random.default_rng(0)
+    samples = SampleTable(rng.integers(1, 3000, 4000))
+    cost = load_cost_model("quadratic-64k")
+    layout = Layout(dp=2, microbatches=2, capacity=8192)
+    plan = plan_epoch(samples, cost, layout, PlannerConfig(seed=3))
+    save_plan(plan, tmp_path / "plan", cost=cost)
+    for rank in range(2):
+        a = PackedBatchSampler(samples, cost, layout, PlannerConfig(seed=3), dp_rank=rank)
+        b = PackedBatchSampler(samples, layout=layout, plan_dir=tmp_path / "plan", dp_rank=rank)
+        assert len(a) == len(b)
+        assert [list(x) for x in a] == [list(x) for x in b]
+    with pytest.raises(ValueError, match="dp"):
+        PackedBatchSampler(samples, layout=Layout(dp=4, microbatches=2, capacity=8192),
+                           plan_dir=tmp_path / "plan", dp_rank=0)
