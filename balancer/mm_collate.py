@@ -25,7 +25,7 @@ Per step and DP rank (all numpy, computed from the plan alone, no communication)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 

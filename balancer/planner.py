@@ -236,7 +236,7 @@ def plan_window(stream: EpochStream, layout: Layout, config: PlannerConfig, lo: 
                               sp.leftover + lo)
 
 
-def merge_windows(parts) -> "packing.StreamPlan":
+def merge_windows(parts):
     """Concatenate window plans in order into one StreamPlan."""
     import packing
     parts = list(parts)

@@ -23,7 +23,6 @@ from typing import NamedTuple
 import numpy as np
 
 from .binpack import _ffd, _next_fit
-from .delay import schedule_lumps
 from .partition import balanced_equal, kk, kk_equal, lpt_equal
 from .pipeline import pipeline_order
 from .steppack import pack_step

@@ -1,14 +1,11 @@
 """The report command end to end: files, the stable JSON shape, invalid plans, stored plans."""
 import dataclasses
 import json
-import pickle
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
 from balancer import report as R
@@ -120,67 +117,39 @@ def test_invalid_plan_is_marked_and_not_summarised(tmp_path):
     assert "Invalid plans" in (tmp_path / "report.md").read_text()
 
 
-def _stand_in_store(monkeypatch):
-    """balancer.store's interface (``load_plan(path) -> (Plan, manifest)``) over a pickle, for
-    the report's --plan path while the real module is written elsewhere."""
-    mod = types.ModuleType("balancer.store")
-
-    def load_plan(path):
-        with open(Path(path) / "plan.pkl", "rb") as f:
-            return pickle.load(f)
-
-    mod.load_plan = load_plan
-    monkeypatch.setitem(sys.modules, "balancer.store", mod)
-
-
-def test_report_of_a_stored_plan(tmp_path, monkeypatch, capsys):
-    _stand_in_store(monkeypatch)
+def test_report_of_a_stored_plan(tmp_path, capsys):
+    from balancer.store import save_plan
     lengths = _lengths(4000, seed=3)
     np.save(tmp_path / "lengths.npy", lengths)
     cost = load_cost_model("llama-7b")
     lay = Layout(dp=2, pp=4, cp=2, microbatches=4, capacity=cost.capacity(2, 4))
     plan = plan_epoch(SampleTable(lengths), cost, lay, PlannerConfig(over_length="chunk"))
-    with open(tmp_path / "plan.pkl", "wb") as f:
-        # the manifest of balancer.store: cost model as {"name", "spec"}, caller data in extra
-        pickle.dump((plan, {"cost_model": {"name": "llama-7b", "spec": cost.model_dump()},
-                            "extra": {"lengths": "lengths.npy"}}), f)
+    save_plan(plan, tmp_path / "p1", cost=cost, extra={"lengths": str(tmp_path / "lengths.npy")})
     out = tmp_path / "out"
-    assert main(["report", "--plan", str(tmp_path), "--out", str(out), "--no-plots"]) == 0
+    assert main(["report", "--plan", str(tmp_path / "p1"), "--out", str(out), "--no-plots"]) == 0
     rep = json.loads((out / "report.json").read_text())
     s = rep["strategies"]["balanced (stored)"]
     assert s["valid"] and s["samples_planned"] == len(lengths)
     assert rep["layout"]["pp"] == 4 and rep["cost_model"] == "llama-7b"
     # without lengths the coverage is checked against what the plan itself implies
-    (tmp_path / "lengths.npy").unlink()
-    with open(tmp_path / "plan.pkl", "wb") as f:
-        pickle.dump((plan, {}), f)
-    assert main(["report", "--plan", str(tmp_path), "--out", str(out), "--no-plots"]) == 0
+    save_plan(plan, tmp_path / "p2", cost=cost)
+    assert main(["report", "--plan", str(tmp_path / "p2"), "--out", str(out), "--no-plots"]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["workload"]["lengths_known"] is False
     assert rep["strategies"]["balanced (stored)"]["valid"]
-    # a stored plan with a lost sample: exit status 1, marked invalid
+    # a stored plan with a lost sample: exit status 1, marked invalid, not summarised
     broken = dataclasses.replace(plan, entry_sample=plan.entry_sample[1:],
                                  entry_start=plan.entry_start[1:],
                                  entry_length=plan.entry_length[1:],
                                  entry_delay=plan.entry_delay[1:],
                                  mb_offsets=np.maximum(plan.mb_offsets - 1, 0))
-    with open(tmp_path / "plan.pkl", "wb") as f:
-        pickle.dump((broken, {}), f)
-    assert main(["report", "--plan", str(tmp_path), "--out", str(out), "--no-plots"]) == 1
+    save_plan(broken, tmp_path / "p3", cost=cost,
+              extra={"lengths": str(tmp_path / "lengths.npy")})
+    assert main(["report", "--plan", str(tmp_path / "p3"), "--out", str(out), "--no-plots"]) == 1
     rep = json.loads((out / "report.json").read_text())
     assert rep["strategies"]["balanced (stored)"]["valid"] is False
     assert rep["strategies"]["balanced (stored)"]["samples_lost"] == 1
     assert "INVALID" in capsys.readouterr().out
-
-
-def test_stored_plan_without_the_store_module_is_a_clear_error(tmp_path, monkeypatch):
-    import argparse
-    p = argparse.ArgumentParser()
-    R._report_args(p)
-    args = p.parse_args(["--plan", str(tmp_path)])
-    monkeypatch.setitem(sys.modules, "balancer.store", None)  # as if the module were absent
-    with pytest.raises(ValueError, match=r"needs balancer\.store .* --lengths"):
-        R.run_report(args, out=str(tmp_path / "o"))
 
 
 def test_report_needs_a_workload(tmp_path, capsys):

@@ -3,7 +3,6 @@ counts, exact mid-epoch resumption (plain DataLoader and StatefulDataLoader, 0 a
 and refusal of mismatched resumes."""
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
