@@ -3,7 +3,7 @@
 An observation is one packed microbatch: the lengths of its documents and the measured seconds
 of its forward and of its backward pass. The cost model (:mod:`balancer.cost`) predicts a pass
 as ``a * sum L^2 + b * sum L + c``, linear in the coefficients, so each pass is a least-squares
-fit on three features per microbatch: ``sum L^2``, ``sum L`` and 1.
+fit on four features per microbatch: ``sum L^2``, ``sum L``, 1 and the number of documents.
 
 Two choices make the fit match how it is used:
 
@@ -54,7 +54,7 @@ def to_csr(microbatches: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarra
 
 
 def features(doc_lengths, offsets) -> np.ndarray:
-    """float64[M, 3]: ``(sum L^2, sum L, 1)`` of every microbatch."""
+    """float64[M, 4]: ``(sum L^2, sum L, 1, number of documents)`` of every microbatch."""
     lf = np.asarray(doc_lengths, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
     if offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 or offsets[-1] != lf.shape[0] \
@@ -62,23 +62,24 @@ def features(doc_lengths, offsets) -> np.ndarray:
         raise ValueError(f"offsets must rise strictly from 0 to {lf.shape[0]} (one or more "
                          f"documents per microbatch), got {offsets[:8].tolist()}...")
     starts = offsets[:-1]
-    x = np.empty((starts.shape[0], 3))
+    x = np.empty((starts.shape[0], 4))
     x[:, 0] = np.add.reduceat(lf * lf, starts)
     x[:, 1] = np.add.reduceat(lf, starts)
     x[:, 2] = 1.0
+    x[:, 3] = np.diff(offsets)
     return x
 
 
 def predict(coef: PassCost, doc_lengths, offsets) -> np.ndarray:
     """Predicted seconds of every microbatch, float64[M]."""
-    return features(doc_lengths, offsets) @ np.array([coef.a, coef.b, coef.c])
+    return features(doc_lengths, offsets) @ np.array([coef.a, coef.b, coef.c, coef.d])
 
 
 # ---- the fit ------------------------------------------------------------------------------
 
 def nnls3(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares ``min |x c - y|^2, c >= 0`` for up to 3 columns: the
-    best over every support whose unconstrained solution is non-negative."""
+    """Exact non-negative least squares ``min |x c - y|^2, c >= 0`` for a few columns (here 4):
+    the best over every support whose unconstrained solution is non-negative."""
     k = x.shape[1]
     best, best_res = np.zeros(k), float(y @ y)
     for r in range(1, k + 1):
@@ -95,7 +96,7 @@ def nnls3(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_pass(doc_lengths, offsets, seconds, relative: bool = True) -> PassCost:
-    """Coefficients ``(a, b, c)`` of one pass from microbatch times ``seconds`` (float64[M]).
+    """Coefficients ``(a, b, c, d)`` of one pass from microbatch times ``seconds`` (float64[M]).
 
     ``relative`` weights every row by ``1 / seconds`` (least squares on relative error). The
     columns are scaled to unit norm before solving so ``sum L^2`` (~1e7) and 1 are equally
@@ -109,14 +110,14 @@ def fit_pass(doc_lengths, offsets, seconds, relative: bool = True) -> PassCost:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"microbatch {i}: measured time {y[i]!r} is not a positive number")
-    if x.shape[0] < 3:
-        raise ValueError(f"need at least 3 microbatches to fit 3 coefficients, got {x.shape[0]}")
+    if x.shape[0] < 4:
+        raise ValueError(f"need at least 4 microbatches to fit 4 coefficients, got {x.shape[0]}")
     w = 1.0 / y if relative else np.ones_like(y)
     xw, yw = x * w[:, None], y * w
     scale = np.linalg.norm(xw, axis=0)
     scale[scale == 0] = 1.0
     c = nnls3(xw / scale, yw) / scale
-    return PassCost(a=float(c[0]), b=float(c[1]), c=float(c[2]))
+    return PassCost(a=float(c[0]), b=float(c[1]), c=float(c[2]), d=float(c[3]))
 
 
 def r_squared(pred: np.ndarray, y: np.ndarray) -> float:
@@ -228,8 +229,8 @@ def preset_yaml(cal: Calibration, description: str = "", comments: Sequence[str]
     head = "".join(f"# {c}\n" for c in comments)
     doc = {"description": description or "calibrated from measured forward/backward times",
            "unit": "seconds",
-           "forward": {k: float(getattr(cal.forward, k)) for k in "abc"},
-           "backward": {k: float(getattr(cal.backward, k)) for k in "abc"}}
+           "forward": {k: float(getattr(cal.forward, k)) for k in "abcd"},
+           "backward": {k: float(getattr(cal.backward, k)) for k in "abcd"}}
     return head + yaml.safe_dump(doc, sort_keys=False)
 
 

@@ -48,7 +48,7 @@ def _run(args) -> int:
     write_preset(cal, out, args.description or f"fitted from {args.observations}", comments)
     for k in PASSES:
         c = getattr(cal, k)
-        print(f"{k:8s} a={c.a:.6g} b={c.b:.6g} c={c.c:.6g}")
+        print(f"{k:8s} a={c.a:.6g} b={c.b:.6g} c={c.c:.6g} d={c.d:.6g}")
     print(f"wrote {out}")
     return 0
 

@@ -27,16 +27,22 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class PassCost(BaseModel):
-    """Coefficients of one pass: ``a * L^2 + b * L`` per document plus ``c`` per microbatch."""
+    """Coefficients of one pass: ``a * L^2 + b * L + d`` per document plus ``c`` per
+    microbatch."""
 
     model_config = _FROZEN
     a: float = Field(0.0, ge=0, description="quadratic (attention) cost per squared token")
     b: float = Field(0.0, ge=0, description="linear cost per token")
     c: float = Field(0.0, ge=0, description="fixed cost per microbatch")
+    d: float = Field(0.0, ge=0, description="fixed cost per document (e.g. one attention call "
+                                            "per document in per-document attention kernels)")
 
     def doc(self, lengths: np.ndarray) -> np.ndarray:
         lf = lengths.astype(np.float64)
-        return self.a * lf * lf + self.b * lf
+        out = self.a * lf * lf + self.b * lf
+        if self.d:
+            out += self.d
+        return out
 
 
 class ModelSpec(BaseModel):

@@ -83,7 +83,7 @@ def test_invariants(p, strategy):
     plan = _plan_or_carry(lengths, layout, cfg)
     assert_valid(plan, lengths, strict_delay=strategy != "kk_tokens")
     # determinism: same inputs -> identical plan
-    again = plan_epoch(SampleTable(lengths), COST, layout, cfg)
+    again = plan_epoch(SampleTable(lengths), COST, layout, plan.config)
     assert plan.fingerprint() == again.fingerprint()
     assert np.array_equal(plan.entry_delay, again.entry_delay)
 

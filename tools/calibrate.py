@@ -199,13 +199,15 @@ def run(args) -> dict:
 
 
 def format_quality(doc: dict) -> str:
-    lines = [f"{'pass':9s} {'a':>11s} {'b':>11s} {'c':>11s}  {'R2 fit':>7s} {'R2 held':>7s} "
+    lines = [f"{'pass':9s} {'a':>11s} {'b':>11s} {'c':>11s} {'d':>11s}  {'R2 fit':>7s} {'R2 held':>7s} "
              f"{'rel.err held: median':>21s} {'p90':>7s} {'max':>7s}"]
     q = doc["quality"]
     for k in (*cal_mod.PASSES, "total"):
-        co = doc.get(k, {"a": float("nan"), "b": float("nan"), "c": float("nan")})
+        co = doc.get(k, {"a": float("nan"), "b": float("nan"), "c": float("nan"),
+                         "d": float("nan")})
         e = q["held_out"][k]["rel_error"]
-        lines.append(f"{k:9s} {co['a']:11.4e} {co['b']:11.4e} {co['c']:11.4e}  "
+        lines.append(f"{k:9s} {co['a']:11.4e} {co['b']:11.4e} {co['c']:11.4e} "
+                     f"{co.get('d', 0.0):11.4e}  "
                      f"{q['fit'][k]['r2']:7.4f} {q['held_out'][k]['r2']:7.4f} "
                      f"{100 * e['median']:20.2f}% {100 * e['p90']:6.2f}% {100 * e['max']:6.2f}%")
     return "\n".join(lines)
