@@ -115,8 +115,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
     pull = np.empty(256, dtype=np.int64)   # look-ahead lumps to read now
     pull_est = np.empty(256, dtype=np.int64)
     npull = 0
+    # pool slots holding lumps (ascending) and the weight of the light items in the pool, kept
+    # up to date so each intake round touches the lumps only, not the whole pool
+    ls = np.empty(256, dtype=np.int64)
+    nls = 0
+    fluid_w = 0
     while pos < n or np_ > 0:
         n_old = np_
+        fluid_w_old = fluid_w
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
             if pos < n and lookahead:
@@ -131,32 +137,32 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                         look_cum += w[look]
                     look += 1
             now = _grow(now, np_)
-            for k in range(np_):
-                now[k] = pos >= n
+            for q in range(nls):
+                now[ls[q]] = pos >= n
             if pos < n:
                 npull = 0
                 nl = 0
-                for k in range(np_):
+                need_cap = nls + nf - f0 + 1  # pending lumps plus every look-ahead one
+                if need_cap > lex.shape[0]:
+                    lex = _grow(lex, need_cap)
+                    lsz = _grow(lsz, need_cap)
+                    llo = _grow(llo, need_cap)
+                    lhi = _grow(lhi, need_cap)
+                    lt = _grow(lt, need_cap)
+                    lpool = _grow(lpool, need_cap)
+                    lest = _grow(lest, need_cap)
+                for q in range(nls):  # every pending lump, in pool order
+                    k = ls[q]
                     i = pool[k]
-                    if _is_lump(i, sizes, costs, cpt, thr):
-                        need_cap = nl + 1
-                        if need_cap > lex.shape[0]:
-                            lex = _grow(lex, need_cap)
-                            lsz = _grow(lsz, need_cap)
-                            llo = _grow(llo, need_cap)
-                            lhi = _grow(lhi, need_cap)
-                            lt = _grow(lt, need_cap)
-                            lpool = _grow(lpool, need_cap)
-                            lest = _grow(lest, need_cap)
-                        lex[nl] = costs[i] - sizes[i] * cpt
-                        lsz[nl] = sizes[i]
-                        llo[nl] = 0
-                        h = parr[k] + max_delay - step
-                        lhi[nl] = h if h < horizon - 1 else horizon - 1
-                        if lhi[nl] < 0:
-                            lhi[nl] = 0
-                        lpool[nl] = k
-                        nl += 1
+                    lex[nl] = costs[i] - sizes[i] * cpt
+                    lsz[nl] = sizes[i]
+                    llo[nl] = 0
+                    h = parr[k] + max_delay - step
+                    lhi[nl] = h if h < horizon - 1 else horizon - 1
+                    if lhi[nl] < 0:
+                        lhi[nl] = 0
+                    lpool[nl] = k
+                    nl += 1
                 n_pending = nl
                 if lookahead:
                     while f0 < nf and fut[f0] < pos:
@@ -168,15 +174,6 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                         est = 1 + (fut_cum[q] - pos_cum) // max(budget, 1)
                         if est - max_advance >= horizon:
                             break
-                        need_cap = nl + 1
-                        if need_cap > lex.shape[0]:
-                            lex = _grow(lex, need_cap)
-                            lsz = _grow(lsz, need_cap)
-                            llo = _grow(llo, need_cap)
-                            lhi = _grow(lhi, need_cap)
-                            lt = _grow(lt, need_cap)
-                            lpool = _grow(lpool, need_cap)
-                            lest = _grow(lest, need_cap)
                         lex[nl] = costs[i] - sizes[i] * cpt
                         lsz[nl] = sizes[i]
                         lest[nl] = est
@@ -204,11 +201,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
             pull_w = 0  # look-ahead lumps that will be read now take room too
             for q in range(npull):
                 pull_w += w[pull[q]]
-            emit_w = pull_w
-            for k in range(np_):
-                i = pool[k]
-                if now[k] or step - parr[k] >= max_delay or not _is_lump(i, sizes, costs, cpt, thr):
-                    emit_w += w[i]
+            emit_w = pull_w + fluid_w
+            for q in range(nls):
+                k = ls[q]
+                if now[k] or step - parr[k] >= max_delay:
+                    emit_w += w[pool[k]]
             if emit_w < budget and pos < n and it < 3:
                 # read fresh items until their light weight covers the shortfall
                 need = budget - emit_w
@@ -221,19 +218,26 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                     parr = _grow(parr, np_ + 1)
                     pool[np_] = pos
                     parr[np_] = step
-                    np_ += 1
                     if not _is_lump(pos, sizes, costs, cpt, thr):
                         got += w[pos]
                         pos_cum += w[pos]
+                        fluid_w += w[pos]
+                    else:
+                        ls = _grow(ls, nls + 1)
+                        ls[nls] = np_
+                        nls += 1
+                    np_ += 1
                     pos += 1
                 continue
             if emit_w > budget and np_ > n_old:
                 # give back the end of this step's intake that overfills it
-                keep_w = pull_w
-                for k in range(n_old):
-                    i = pool[k]
-                    if now[k] or step - parr[k] >= max_delay or not _is_lump(i, sizes, costs, cpt, thr):
-                        keep_w += w[i]
+                keep_w = pull_w + fluid_w_old
+                for q in range(nls):
+                    k = ls[q]
+                    if k >= n_old:
+                        break
+                    if now[k] or step - parr[k] >= max_delay:
+                        keep_w += w[pool[k]]
                 acc = keep_w
                 cut = np_
                 for k in range(n_old, np_):
@@ -250,6 +254,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                         i = pool[k]
                         if not _is_lump(i, sizes, costs, cpt, thr):
                             pos_cum -= w[i]
+                            fluid_w -= w[i]
+                    while nls > 0 and ls[nls - 1] >= cut:
+                        nls -= 1
                     pos = pool[cut]
                     np_ = cut
             break
@@ -265,6 +272,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                     pool[np_] = i
                     parr[np_] = step + pull_est[q]  # delay = -(steps read early)
                     now[np_] = True
+                    ls = _grow(ls, nls + 1)
+                    ls[nls] = np_
+                    nls += 1
                     np_ += 1
         npull = 0
         # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
@@ -367,12 +377,20 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
         nmb += n_bins
         step_mbs[step] = m
         step += 1
-        # compact the pool
+        # compact the pool; rebuild the lump slots and the light weight
         j = 0
+        nls = 0
+        fluid_w = 0
         for k in range(np_):
             if not placed[k]:
-                pool[j] = pool[k]
+                i = pool[k]
+                pool[j] = i
                 parr[j] = parr[k]
+                if _is_lump(i, sizes, costs, cpt, thr):
+                    ls[nls] = j
+                    nls += 1
+                else:
+                    fluid_w += w[i]
                 j += 1
         np_ = j
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()
