@@ -47,13 +47,25 @@ def speed(n: int, dp: int, m: int, capacity: int, repeats: int) -> dict:
     config = PlannerConfig(over_length="chunk")
     names = cli_args.DEFAULT_STRATEGIES
     warmup(list(names), cost, layout, config)
-    t_sort = min(_timed(lambda: np.argsort(lengths)) for _ in range(repeats))
-    out = {"samples": n, "layout": layout.model_dump(), "argsort_seconds": t_sort,
+    # interleave: every repeat times the argsort right before each strategy, and the ratio is
+    # the median of those paired ratios (this machine's speed drifts between seconds)
+    ratios = {s: [] for s in names}
+    times = {s: [] for s in names}
+    sorts = []
+    for _ in range(repeats):
+        for s in names:
+            cfg = config.model_copy(update={"strategy": s})
+            t_sort = _timed(lambda: np.argsort(lengths))
+            t = _timed(lambda: plan_epoch(samples, cost, layout, cfg))
+            sorts.append(t_sort)
+            times[s].append(t)
+            ratios[s].append(t / t_sort)
+    out = {"samples": n, "layout": layout.model_dump(), "argsort_seconds": float(np.median(sorts)),
            "strategies": {}}
     for s in names:
-        cfg = config.model_copy(update={"strategy": s})
-        t = min(_timed(lambda: plan_epoch(samples, cost, layout, cfg)) for _ in range(repeats))
-        out["strategies"][s] = {"plan_seconds": t, "ratio_to_argsort": t / t_sort}
+        out["strategies"][s] = {"plan_seconds": float(np.median(times[s])),
+                                "plan_seconds_min": float(min(times[s])),
+                                "ratio_to_argsort": float(np.median(ratios[s]))}
     return out
 
 
@@ -123,7 +135,8 @@ def main(argv=None) -> int:
         if args.speed_samples:
             sp = speed(args.speed_samples, 64, 4, 32768, args.repeats)
             print(f"\n== speed: {sp['samples']:,} wikipedia samples, 64 DP x 4 microbatches, 32K "
-                  f"(argsort of the lengths: {sp['argsort_seconds']:.3f} s)")
+                  f"(argsort of the lengths, median: {sp['argsort_seconds']:.3f} s; median of paired "
+                  f"ratios)")
             for s, v in sp["strategies"].items():
                 print(f"{s:<11} {v['plan_seconds']:7.3f} s  = {v['ratio_to_argsort']:5.2f} x argsort")
             results.append({"speed": sp})
