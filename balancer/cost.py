@@ -233,18 +233,25 @@ def available_presets() -> list[str]:
     return sorted(set(BUILTIN) | set(files))
 
 
+def preset_path(name_or_path: str, subdir: str) -> Optional[Path]:
+    """A YAML file given by path, or the preset ``configs/<subdir>/<name>.yaml``; None if
+    neither exists."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    preset = config_dir() / subdir / f"{name_or_path}.yaml"
+    return preset if preset.is_file() else None
+
+
 def load_cost_model(name_or_path: str) -> CostModel:
     """A built-in name, a preset name from ``configs/models``, or a path to a YAML file."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]()
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        return CostModel.from_yaml(p)
-    preset = config_dir() / "models" / f"{name_or_path}.yaml"
-    if preset.is_file():
-        return CostModel.from_yaml(preset)
-    raise ValueError(f"unknown cost model {name_or_path!r}: not a YAML file and not one of "
-                     f"{available_presets()}")
+    path = preset_path(name_or_path, "models")
+    if path is None:
+        raise ValueError(f"unknown cost model {name_or_path!r}: not a YAML file and not one of "
+                         f"{available_presets()}")
+    return CostModel.from_yaml(path)
 
 
 def analytic_training_flops(spec: ModelSpec, lengths) -> float:
@@ -255,4 +262,4 @@ def analytic_training_flops(spec: ModelSpec, lengths) -> float:
 
 
 __all__ = ["CostModel", "MemoryModel", "ModelSpec", "PassCost", "analytic_training_flops",
-           "available_presets", "config_dir", "load_cost_model"]
+           "available_presets", "config_dir", "load_cost_model", "preset_path"]

@@ -35,7 +35,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cost import CostModel, ModelSpec, config_dir
+from .cost import CostModel, ModelSpec, config_dir, preset_path
 from .multimodal import AUDIO, MediaRules, MultimodalTable
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -205,14 +205,11 @@ def available_presets() -> list[str]:
 
 def load_mm_cost_model(name_or_path: str) -> MMCostModel:
     """A preset name from ``configs/multimodal`` or a path to a YAML file."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        return MMCostModel.from_yaml(p)
-    preset = config_dir() / "multimodal" / f"{name_or_path}.yaml"
-    if preset.is_file():
-        return MMCostModel.from_yaml(preset)
-    raise ValueError(f"unknown multimodal cost model {name_or_path!r}: not a YAML file and not "
-                     f"one of {available_presets()}")
+    path = preset_path(name_or_path, "multimodal")
+    if path is None:
+        raise ValueError(f"unknown multimodal cost model {name_or_path!r}: not a YAML file and "
+                         f"not one of {available_presets()}")
+    return MMCostModel.from_yaml(path)
 
 
 __all__ = ["EncoderSpec", "MMCostModel", "ModalityCost", "ProjectorSpec", "available_presets",

@@ -41,7 +41,9 @@ def names() -> list[str]:
 
 
 def describe(name: str) -> str:
-    return _DOCS[get(name) and name]
+    """One line on what the strategy does."""
+    get(name)
+    return _DOCS[name]
 
 
 def rank_units(layout: Layout, config: PlannerConfig) -> bool:
