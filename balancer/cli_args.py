@@ -33,7 +33,7 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
                    help="samples longer than the capacity: raise, or cut into pieces")
     g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
     g.add_argument("--max-advance", type=int, default=None,
-                   help="most steps a heavy sample may be read early (default: --max-delay)")
+                   help="most steps a heavy sample may be read early (default: 3 x --max-delay)")
     g.add_argument("--tail", choices=("partial", "carry", "drop"), default="partial",
                    help="samples left at the end of an epoch")
     g.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),

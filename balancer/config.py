@@ -40,8 +40,8 @@ class PlannerConfig(BaseModel):
     max_delay: int = Field(4, ge=1, description="most steps a sample may wait after it is read")
     max_advance: Optional[int] = Field(
         None, ge=0, description="most steps `balanced` may read a heavy sample before its turn "
-                                "to meet partners of similar cost (default: max_delay; 0 = only "
-                                "delay, as WLB-LLM)")
+                                "to meet partners of similar cost (default: 3 x max_delay; 0 = "
+                                "only delay, as WLB-LLM)")
     over_length: Literal["error", "chunk"] = Field(
         "error", description="samples longer than the capacity: raise, or cut into "
                              "capacity-sized pieces (counted)")
@@ -62,7 +62,7 @@ class PlannerConfig(BaseModel):
 
     @property
     def advance(self) -> int:
-        return self.max_delay if self.max_advance is None else self.max_advance
+        return 3 * self.max_delay if self.max_advance is None else self.max_advance
 
     @model_validator(mode="after")
     def _one_budget(self):

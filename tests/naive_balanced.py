@@ -55,7 +55,9 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         pl = np.flatnonzero(is_lump[pool])
         lumps = pool[pl]
         lo = np.zeros(pl.shape[0], np.int64)
-        hi = np.minimum(arr[pl] + max_delay - step, horizon - 1)
+        # a lump past its deadline (it found no room in time) still goes now: it holds room in
+        # step 0 of the schedule
+        hi = np.clip(arr[pl] + max_delay - step, 0, horizon - 1)
         fut = est = np.zeros(0, np.int64)
         if lookahead and pos < n:
             base = cumf[pos - 1] if pos else 0

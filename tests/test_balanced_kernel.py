@@ -70,3 +70,19 @@ def test_outlier_scheduler_matches_reference(k, horizon, units, seed):
     got = schedule_lumps(exc, size, lo, hi, horizon, units, cap, tc)
     ref = naive.schedule_lumps(exc, size, lo, hi, horizon, units, cap, tc)
     assert np.array_equal(got, ref)
+
+
+def test_overdue_lump_holds_room_in_the_schedule():
+    # Regression (found by hypothesis): a lump that found no room by its deadline is emitted
+    # now, so the outlier scheduler must count it in step 0; the reference once left it out of
+    # the schedule and scheduled a fresh lump into the room the overdue one takes.
+    sizes = np.array([4, 242, 102, 14, 100, 2, 10, 13, 221, 232, 183, 12, 13, 173, 197, 170, 15,
+                      8], dtype=np.int64)
+    costs = sizes + sizes.astype(float) ** 2 / 4096
+    kw = dict(lump_tol=0.005, lookahead=False, tail="carry")
+    a = plan_balanced(sizes, costs, 1, 1, 256, 256, 1, **kw)
+    b = naive_balanced.plan_balanced(sizes, costs, 1, 1, 256, 256, 1, **kw)
+    assert a.entry_delay.max() > 1  # the case does hold an overdue lump
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert np.array_equal(np.sort(a.entry_item), np.arange(sizes.shape[0]))
