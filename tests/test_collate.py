@@ -171,6 +171,22 @@ def test_packed_equals_unpacked_logits_and_loss():
     torch.testing.assert_close(_run(masked, b), logits, rtol=1e-10, atol=1e-10)
 
 
+def test_tiled_attention_equals_untiled(monkeypatch):
+    # documents longer, shorter and a multiple of the tile; tiles of 8 tokens
+    import tools.tiny_lm as tl
+    monkeypatch.setattr(tl, "TILE", 8)
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 64, n) for n in (37, 3, 16, 8, 21)]
+    b = _batch(docs)
+    loop, tiled = _model("loop"), _model("tiled")
+    out = _run(tiled, b)
+    torch.testing.assert_close(out, _run(loop, b), rtol=1e-10, atol=1e-10)
+    out.sum().backward()
+    _run(loop, b).sum().backward()
+    for p, q in zip(tiled.parameters(), loop.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-10)
+
+
 def test_no_attention_across_documents():
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 64, n) for n in (12, 9, 15)]

@@ -65,7 +65,7 @@ def test_two_rank_proof_run_reports_both_strategies(tmp_path):
     args = prove.parse_args([
         "--cost-model", str(preset), "--worlds", "2", "--samples", "160", "--scale", "0.02",
         "--capacity", "512", "--microbatches", "2", "--steps", "6", "--dim", "32", "--layers", "1",
-        "--heads", "2", "--vocab", "32", "--lr", "1e-2", "--timeout", "120",
+        "--heads", "2", "--vocab", "32", "--lr", "1e-2", "--timeout", "120", "--repeats", "2",
         "--out", str(tmp_path / "out")])
     rep = prove.run(args)
     assert json.loads((tmp_path / "out" / "prove.json").read_text()) == json.loads(json.dumps(rep))
@@ -80,7 +80,11 @@ def test_two_rank_proof_run_reports_both_strategies(tmp_path):
         assert m["dp_imbalance"]["mean"] >= 1.0 and p["dp_imbalance"]["mean"] >= 1.0
         assert p["unit"] == "seconds" and p["step_time_total"] > 0
         assert r["loss"][-1] < r["loss"][0], s  # both learn
+        assert r["loss_repeatable"], s  # same plan and seed: the same losses in every run
+        assert len(m["repeats"]) == 2 and m["step_time_total"] in m["repeats"]
     assert w["speedup"]["sequential"]["measured"] == pytest.approx(1.0)
+    runs = w["speedup"]["balanced"]["measured_runs"]
+    assert len(runs) == 2 and w["speedup"]["balanced"]["measured"] == pytest.approx(np.median(runs))
     keys = {"measured", "predicted", "relative_gap", "measured_load_normalised"}
     assert keys <= set(w["speedup"]["balanced"])
     # balancing changes the order inside and around steps, not what is learned: after 6 steps

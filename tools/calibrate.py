@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 
 from balancer import calibration as cal_mod  # noqa: E402
 from balancer.cost import config_dir  # noqa: E402
+from tools.tiny_lm import ATTENTION_MODES  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,7 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dim", type=int, default=64, help="TinyLM width")
     g.add_argument("--layers", type=int, default=2, help="TinyLM blocks")
     g.add_argument("--heads", type=int, default=4, help="TinyLM heads")
-    g.add_argument("--attention", choices=("loop", "mask"), default="loop", help="TinyLM attention")
+    g.add_argument("--attention", choices=ATTENTION_MODES, default="tiled",
+                   help="TinyLM attention (tiled: flash-style query tiles)")
     g = p.add_argument_group("measurement")
     g.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")

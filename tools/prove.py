@@ -61,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--attention", default="tiled", help="TinyLM attention (as calibrated)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="train every strategy this many times, interleaved (baseline, ours, "
+                        "baseline, ...); the measured speedup is the median of paired ratios")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
@@ -79,6 +83,7 @@ def train_args(args, strategy: str, world: int, data: Path, log: Path) -> argpar
         "--strategy", strategy, "--cost-model", str(args.cost_model),
         "--max-delay", str(args.max_delay), "--seed", str(args.seed), "--dim", str(args.dim),
         "--layers", str(args.layers), "--heads", str(args.heads), "--lr", str(args.lr),
+        "--attention", args.attention,
         "--steps", str(args.steps), "--num-workers", "0", "--threads", str(args.threads),
         "--timeout", str(args.timeout), "--log", str(log)])
 
@@ -153,31 +158,54 @@ def loss_agreement(curves: dict, tokens: dict, final_fraction: float = 0.25) -> 
 def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) -> dict:
     cost = load_cost_model(args.cost_model)
     res = {"strategies": {}}
-    for s in strategies:
-        log_path = out / f"train_w{world}_{s}.json"
-        targs = train_args(args, s, world, data, log_path)
-        print(f"[prove] world {world}: training {s} ...", file=sys.stderr, flush=True)
-        log = train.run(targs)
-        n = len(log["steps"])
-        skip = min(args.skip_steps, n - 1)
-        plan = trainer_plan(targs, world)
-        pred = predicted_block(plan, cost, n, skip)
-        # the trainer logs the planner's own cost of every rank's microbatches; it must be the
-        # simulator's input exactly (same plan), or the comparison below is meaningless
-        logged = np.array([e["predicted_cost"] for e in log["steps"]])
-        gap = float(np.abs(logged - np.array(pred["rank_time"])).max() /
-                    max(float(np.abs(logged).max()), 1e-300))
-        res["strategies"][s] = {"steps": n, "skipped_steps": skip,
-                                "measured": measured_block(log, skip), "predicted": pred,
-                                "plan_matches_trainer": gap < 1e-9,
-                                "loss": [e["loss"] for e in log["steps"]],
-                                "step_tokens": [sum(e["tokens"]) for e in log["steps"]],
-                                "log": str(log_path)}
+    totals = {s: [] for s in strategies}  # measured step time total of every repeat
+    for rep in range(max(1, args.repeats)):
+        # interleaved, so a slow spell of the machine hits both strategies alike
+        for s in strategies:
+            log_path = out / f"train_w{world}_{s}.json"
+            if rep:
+                log_path = out / f"train_w{world}_{s}_r{rep}.json"
+            targs = train_args(args, s, world, data, log_path)
+            print(f"[prove] world {world}: training {s} (run {rep + 1}/{args.repeats}) ...",
+                  file=sys.stderr, flush=True)
+            log = train.run(targs)
+            n = len(log["steps"])
+            skip = min(args.skip_steps, n - 1)
+            meas = measured_block(log, skip)
+            totals[s].append(meas["step_time_total"])
+            if rep:
+                r = res["strategies"][s]
+                # the same plan and seed: the loss curve must not depend on the run
+                r["loss_repeatable"] &= [e["loss"] for e in log["steps"]] == r["loss"]
+                r["runs"].append(meas)
+                continue
+            plan = trainer_plan(targs, world)
+            pred = predicted_block(plan, cost, n, skip)
+            # the trainer logs the planner's own cost of every rank's microbatches; it must be
+            # the simulator's input exactly (same plan), or the comparison below is meaningless
+            logged = np.array([e["predicted_cost"] for e in log["steps"]])
+            gap = float(np.abs(logged - np.array(pred["rank_time"])).max() /
+                        max(float(np.abs(logged).max()), 1e-300))
+            res["strategies"][s] = {"steps": n, "skipped_steps": skip,
+                                    "measured": meas, "predicted": pred,
+                                    "plan_matches_trainer": gap < 1e-9,
+                                    "loss": [e["loss"] for e in log["steps"]],
+                                    "loss_repeatable": True, "runs": [meas],
+                                    "step_tokens": [sum(e["tokens"]) for e in log["steps"]],
+                                    "log": str(log_path)}
+    for s, r in res["strategies"].items():
+        # the run with the median total stands for the strategy (all runs are kept)
+        runs = r.pop("runs")
+        r["measured"] = runs[int(np.argsort(totals[s])[(len(runs) - 1) // 2])]
+        r["measured"]["repeats"] = totals[s]
+        if len(runs) > 1:
+            r["measured_runs_dp_imbalance_mean"] = [x["dp_imbalance"]["mean"] for x in runs]
     base = res["strategies"].get(BASELINE)
     res["speedup"] = {}
     if base is not None:
         for s, r in res["strategies"].items():
-            m = base["measured"]["step_time_total"] / r["measured"]["step_time_total"]
+            paired = np.array(totals[BASELINE]) / np.array(totals[s])
+            m = float(np.median(paired))
             p = base["predicted"]["step_time_total"] / r["predicted"]["step_time_total"]
             # runs at different times on a shared machine get different CPU shares; the ratio
             # of measured to predicted total compute (all ranks, same documents) is the speed
@@ -185,7 +213,7 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
             # (model-assisted: a diagnostic next to the raw measurement, not a replacement)
             speed = {k: x["measured"]["compute_total"] / x["predicted"]["compute_total"]
                      for k, x in ((BASELINE, base), (s, r))}
-            res["speedup"][s] = {"measured": m, "predicted": p,
+            res["speedup"][s] = {"measured": m, "predicted": p, "measured_runs": paired.tolist(),
                                  "relative_gap": (p - m) / m,
                                  "machine_slowdown": speed[s],
                                  "measured_load_normalised": m * speed[s] / speed[BASELINE]}
@@ -216,6 +244,11 @@ def format_markdown(rep: dict) -> str:
                 f"| {p['dp_imbalance']['mean']:.3f} / {p['dp_imbalance']['max']:.3f} "
                 f"| {sp.get('measured', float('nan')):.3f}x | {sp.get('predicted', float('nan')):.3f}x "
                 f"| {100 * sp.get('relative_gap', float('nan')):+.1f}% |")
+        runs = {k: v["measured_runs"] for k, v in r["speedup"].items() if len(v["measured_runs"]) > 1}
+        if runs:
+            lines += ["", "Measured speedup of every interleaved run pair (the table gives their "
+                          "median): " + "; ".join(f"{k} " + ", ".join(f"{x:.3f}x" for x in v)
+                                                  for k, v in runs.items() if k != BASELINE)]
         la = r.get("loss_agreement")
         if la:
             lines += ["", f"Loss curves (token-weighted mean over the last "

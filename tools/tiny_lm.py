@@ -5,8 +5,11 @@ max_seqlen) -> logits float[T, vocab]``: pre-norm blocks, rotary positions from
 ``position_ids`` (so a document's logits do not depend on where it sits in the pack) and
 varlen-correct causal attention: no token attends across a ``cu_seqlens`` boundary. The
 attention runs document by document with SDPA (``attention="loop"``: work ``sum L_d^2``, which
-is what the cost model predicts) or as one SDPA call with a block-diagonal causal mask
-(``attention="mask"``: work ``T^2``, a cross-check).
+is what the cost model predicts), document by document in query tiles of ``TILE`` tokens
+(``attention="tiled"``: the same work with a bounded working set, as flash-attention kernels
+run on a GPU; on a CPU an untiled ``L x L`` score matrix falls out of cache and the time per
+``L^2`` swings by 40% with ``L``, which no quadratic cost model can follow), or as one SDPA call
+with a block-diagonal causal mask (``attention="mask"``: work ``T^2``, a cross-check).
 
 The calibration tool imports exactly this class and signature; keep it stable.
 """
@@ -40,6 +43,25 @@ def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return (doc[:, None] == doc[None, :]) & (t[None, :] <= t[:, None])
 
 
+ATTENTION_MODES = ("loop", "tiled", "mask")
+TILE = 128  # query rows per tile of ``attention="tiled"``
+
+
+def _causal(q, k, v, tile: int) -> torch.Tensor:
+    """Causal attention of one document, q, k, v [H, L, D]; ``tile`` > 0 runs it in query
+    tiles (tile i attends keys ``0 .. end of tile i``), so no score block exceeds
+    ``tile x L``."""
+    n = q.shape[1]
+    if tile <= 0 or n <= tile:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    outs = [F.scaled_dot_product_attention(q[:, :tile], k[:, :tile], v[:, :tile], is_causal=True)]
+    for s in range(tile, n, tile):
+        e = min(n, s + tile)
+        mask = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(diagonal=s)
+        outs.append(F.scaled_dot_product_attention(q[:, s:e], k[:, :e], v[:, :e], attn_mask=mask))
+    return torch.cat(outs, dim=1)
+
+
 def varlen_attention(q, k, v, cu_seqlens, mode: str = "loop") -> torch.Tensor:
     """Causal attention inside each document. q, k, v: [T, H, D] -> [T, H, D]."""
     if mode == "mask":
@@ -48,10 +70,11 @@ def varlen_attention(q, k, v, cu_seqlens, mode: str = "loop") -> torch.Tensor:
                                            v.transpose(0, 1), attn_mask=mask)
         return o.transpose(0, 1)
     bounds = cu_seqlens.tolist()
+    tile = TILE if mode == "tiled" else 0
     outs = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        o = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1), k[lo:hi].transpose(0, 1),
-                                           v[lo:hi].transpose(0, 1), is_causal=True)
+        o = _causal(q[lo:hi].transpose(0, 1), k[lo:hi].transpose(0, 1), v[lo:hi].transpose(0, 1),
+                    tile)
         outs.append(o.transpose(0, 1))
     if bounds[-1] < q.shape[0]:  # trailing tokens outside every document attend to nothing
         outs.append(torch.zeros_like(q[bounds[-1]:]))
@@ -94,8 +117,8 @@ class TinyLM(nn.Module):
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, attention: str = "loop"):
         super().__init__()
-        if attention not in ("loop", "mask"):
-            raise ValueError(f"attention must be 'loop' or 'mask', got {attention!r}")
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.vocab = vocab
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(Block(dim, heads, attention) for _ in range(layers))

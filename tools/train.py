@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.tiny_lm import TinyLM, token_loss_sum  # noqa: E402
+from tools.tiny_lm import ATTENTION_MODES, TinyLM, token_loss_sum  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -67,7 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dim", type=int, default=64)
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--attention", choices=("loop", "mask"), default="loop")
+    g.add_argument("--attention", choices=ATTENTION_MODES, default="tiled",
+                   help="TinyLM attention (tiled: flash-style query tiles)")
     g.add_argument("--lr", type=float, default=3e-3)
     g.add_argument("--steps", type=int, default=20, help="stop after this many steps (0: all)")
     g.add_argument("--epochs", type=int, default=1)
