@@ -90,5 +90,11 @@ def test_two_rank_proof_run_reports_both_strategies(tmp_path):
     # balancing changes the order inside and around steps, not what is learned: after 6 steps
     # the final losses differ by less than 3 standard errors of their own noise (a relative
     # bound would be flaky this early in training)
+    ea = w["eval_agreement"]  # held-out loss after steps 4 and 6, and the order-noise run
+    for s in ("sequential", "balanced"):
+        assert len(ea["curves"][s]["loss"]) == 2 and ea["final"][s] == ea["curves"][s]["loss"][-1]
+        assert ea["final"][s] < 0.95 * np.log(32)  # below the uniform guess: it learned
+    assert ea["order_noise"] > 0 and ea["strategies"]["balanced"]["final_diff_over_order_noise"] >= 0
+    assert "Held-out loss" in md
     la = w["loss_agreement"]["strategies"]["balanced"]
     assert la["final_mean_diff_over_noise"] < 3 and la["final_mean_rel_diff"] < 0.15

@@ -51,3 +51,21 @@ def test_two_ranks_train_log_and_gradient_equivalence(tmp_path):
     got = torch.load(tmp_path / "grads.pt")
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_whole_epochs_and_held_out_loss(tmp_path):
+    # --steps 0 trains every epoch to its end; rank 0 evaluates the fixed held-out set every
+    # 2 steps and after the very last step
+    args = train.parse_args([
+        "--world", "1", "--samples", "120", "--scale", "0.02", "--capacity", "512",
+        "--microbatches", "1", "--steps", "0", "--epochs", "2", "--dim", "32", "--layers", "1",
+        "--heads", "2", "--vocab", "64", "--eval-every", "2", "--eval-docs", "8",
+        "--timeout", "120"])
+    log = train.run(args)
+    steps = log["steps"]
+    epochs = [e["epoch"] for e in steps]
+    assert epochs == sorted(epochs) and set(epochs) == {0, 1}
+    evaluated = [i for i, e in enumerate(steps) if "eval_loss" in e]
+    want = sorted({i for i in range(len(steps)) if (i + 1) % 2 == 0} | {len(steps) - 1})
+    assert evaluated == want
+    assert steps[-1]["eval_loss"] < steps[evaluated[0]]["eval_loss"]

@@ -49,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategies", default="sequential,balanced", help="comma-separated")
     p.add_argument("--worlds", default="2", help="comma-separated DP world sizes, e.g. 2,4")
     p.add_argument("--workload", default="wlbllm")
-    p.add_argument("--samples", type=int, default=1000)
+    p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--scale", type=float, default=0.05,
                    help="length multiplier: long documents stay attention-bound at the capacity")
     p.add_argument("--capacity", type=int, default=2048)
@@ -62,6 +62,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--attention", default="tiled", help="TinyLM attention (as calibrated)")
+    p.add_argument("--eval-every", type=int, default=4,
+                   help="evaluate a fixed held-out set every this many steps and at the end")
+    p.add_argument("--no-order-noise", action="store_true",
+                   help="skip the extra baseline run in another shuffle order that measures "
+                        "how much the final held-out loss moves with the order alone")
     p.add_argument("--repeats", type=int, default=1,
                    help="train every strategy this many times, interleaved (baseline, ours, "
                         "baseline, ...); the measured speedup is the median of paired ratios")
@@ -73,7 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def train_args(args, strategy: str, world: int, data: Path, log: Path) -> argparse.Namespace:
+def train_args(args, strategy: str, world: int, data: Path, log: Path,
+               shuffle_seed: int | None = None) -> argparse.Namespace:
     """tools/train.py arguments of one run; DataLoader workers off (fetching is cheap here and
     extra processes would compete with the ranks for the cores being measured)."""
     return train.parse_args([
@@ -85,7 +91,8 @@ def train_args(args, strategy: str, world: int, data: Path, log: Path) -> argpar
         "--layers", str(args.layers), "--heads", str(args.heads), "--lr", str(args.lr),
         "--attention", args.attention,
         "--steps", str(args.steps), "--num-workers", "0", "--threads", str(args.threads),
-        "--timeout", str(args.timeout), "--log", str(log)])
+        "--timeout", str(args.timeout), "--log", str(log), "--eval-every", str(args.eval_every),
+        *(["--shuffle-seed", str(shuffle_seed)] if shuffle_seed is not None else [])])
 
 
 def trainer_plan(targs: argparse.Namespace, world: int):
@@ -192,6 +199,7 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
                                     "loss": [e["loss"] for e in log["steps"]],
                                     "loss_repeatable": True, "runs": [meas],
                                     "step_tokens": [sum(e["tokens"]) for e in log["steps"]],
+                                    "eval": eval_curve(log),
                                     "log": str(log_path)}
     for s, r in res["strategies"].items():
         # the run with the median total stands for the strategy (all runs are kept)
@@ -220,7 +228,45 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
         res["loss_agreement"] = loss_agreement(
             {s: r["loss"] for s, r in res["strategies"].items()},
             {s: r["step_tokens"] for s, r in res["strategies"].items()})
+        if args.eval_every:
+            noise_run = None
+            if not args.no_order_noise:
+                # the same model and data in another shuffle order: how far the final held-out
+                # loss moves with the order alone, the yardstick for "learns the same"
+                log_path = out / f"train_w{world}_{BASELINE}_order2.json"
+                print(f"[prove] world {world}: training {BASELINE} in another order ...",
+                      file=sys.stderr, flush=True)
+                noise_run = eval_curve(train.run(train_args(args, BASELINE, world, data,
+                                                            log_path, args.seed + 1)))
+            res["eval_agreement"] = eval_agreement(
+                {s: r["eval"] for s, r in res["strategies"].items()}, noise_run)
     return res
+
+
+def eval_curve(log: dict) -> dict:
+    """``{"tokens": [...], "loss": [...]}``: held-out loss after the evaluated steps, against
+    the tokens trained so far."""
+    tok = np.cumsum([sum(e["tokens"]) for e in log["steps"]])
+    ev = [(int(t), e["eval_loss"]) for t, e in zip(tok, log["steps"]) if "eval_loss" in e]
+    return {"tokens": [t for t, _ in ev], "loss": [x for _, x in ev]}
+
+
+def eval_agreement(curves: dict, noise_run: dict | None) -> dict:
+    """Final held-out loss of every strategy (after the whole run: the same documents) next to
+    the baseline's, and the order noise: the baseline's final loss in another shuffle order
+    minus in this one. A strategy learns the same as the baseline when its difference is of the
+    size of the order noise."""
+    base = curves[BASELINE]["loss"][-1]
+    out = {"final": {s: c["loss"][-1] for s, c in curves.items()}, "curves": curves}
+    noise = abs(noise_run["loss"][-1] - base) if noise_run else None
+    out["order_noise"] = noise
+    out["order_noise_curve"] = noise_run
+    out["strategies"] = {
+        s: {"final_rel_diff": (c["loss"][-1] - base) / base,
+            "final_diff_over_order_noise": (abs(c["loss"][-1] - base) / noise
+                                            if noise else None)}
+        for s, c in curves.items()}
+    return out
 
 
 def format_markdown(rep: dict) -> str:
@@ -249,6 +295,17 @@ def format_markdown(rep: dict) -> str:
             lines += ["", "Measured speedup of every interleaved run pair (the table gives their "
                           "median): " + "; ".join(f"{k} " + ", ".join(f"{x:.3f}x" for x in v)
                                                   for k, v in runs.items() if k != BASELINE)]
+        ea = r.get("eval_agreement")
+        if ea:
+            noise = ea["order_noise"]
+            lines += ["", "Held-out loss (a fixed set of documents, evaluated every "
+                          f"{cfg['eval_every']} steps and after the last) at the end of the run: "
+                      + "; ".join(f"{s} {x:.4f}" for s, x in ea["final"].items())
+                      + (f". Order noise (the baseline trained in another shuffle order ends "
+                         f"{noise:.4f} apart): " + "; ".join(
+                             f"{s} differs by {x['final_diff_over_order_noise']:.2f}x that"
+                             for s, x in ea["strategies"].items() if s != BASELINE)
+                         if noise else "") + "."]
         la = r.get("loss_agreement")
         if la:
             lines += ["", f"Loss curves (token-weighted mean over the last "
@@ -301,6 +358,11 @@ def main(argv=None) -> int:
                   f"({x['predicted']['dp_imbalance']['mean']:.3f}); speedup measured "
                   f"{sp['measured']:.3f}x predicted {sp['predicted']:.3f}x "
                   f"(gap {100 * sp['relative_gap']:+.1f}%)")
+        ea = r.get("eval_agreement")
+        if ea:
+            print(f"world {w} held-out loss at the end: " + ", ".join(
+                f"{s} {x:.4f}" for s, x in ea["final"].items())
+                + (f"; order noise {ea['order_noise']:.4f}" if ea["order_noise"] else ""))
         la = r.get("loss_agreement", {})
         for s, x in la.get("strategies", {}).items():
             print(f"world {w} {s:11s}: loss {x['first']:.4f} -> {x['last']:.4f}, final mean "

@@ -20,7 +20,8 @@ DDP averages), and that backward's time then includes the reduction.
 The log (``--log``, JSON; the proof tool reads it, keep the keys): ``{"config": {...},
 "strategy": str, "world": int, "steps": [{"step", "loss", "step_loss_tokens", "compute_s":
 [per rank], "wait_s": [...], "sync_s": [...], "step_s": [...], "tokens": [...],
-"microbatches": [...], "predicted_cost": [...]}], "summary": {...}}``. :func:`train_rank` is the
+"microbatches": [...], "predicted_cost": [...], "eval_loss": float (with ``--eval-every``, on
+evaluated steps)}], "summary": {...}}``. :func:`train_rank` is the
 per-rank main loop and :func:`run` spawns the ranks; both are importable.
 """
 from __future__ import annotations
@@ -62,7 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--strategy", default="balanced", help="planner strategy name")
     g.add_argument("--cost-model", default="quadratic-64k", help="cost model name or YAML")
     g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
-    g.add_argument("--seed", type=int, default=0, help="shuffle and init seed")
+    g.add_argument("--seed", type=int, default=0, help="data, init and shuffle seed")
+    g.add_argument("--shuffle-seed", type=int, default=None,
+                   help="seed of the plan's shuffle only (default: --seed); another value "
+                        "trains the same model on the same data in another order")
     g = p.add_argument_group("model and training")
     g.add_argument("--dim", type=int, default=64)
     g.add_argument("--layers", type=int, default=2)
@@ -78,6 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     g.add_argument("--sync", choices=("explicit", "ddp"), default="explicit")
     g.add_argument("--log", default=None, help="write the JSON log here")
+    g.add_argument("--eval-every", type=int, default=0,
+                   help="rank 0 evaluates the loss on a fixed held-out set every this many "
+                        "steps and after the last (0: never); logged as eval_loss")
+    g.add_argument("--eval-docs", type=int, default=64, help="documents in the held-out set")
     g.add_argument("--dump-grads", default=None,
                    help="save the reduced gradients of the first step here (tests)")
     g.add_argument("--timeout", type=int, default=300, help="collective timeout, seconds")
@@ -117,6 +125,47 @@ def load_dataset(path: Path):
     return datasets.Dataset.from_parquet(str(path), cache_dir=str(Path(path).parent / "hf_cache"))
 
 
+def eval_batches(args) -> list[tuple]:
+    """The held-out set: ``--eval-docs`` documents made like the training ones (another seed,
+    cut to the capacity), packed in order into microbatches of at most ``--capacity`` tokens;
+    each ``(input_ids, position_ids, cu_seqlens, max_seqlen, shift_labels)``."""
+    from balancer import workloads
+    seed = args.seed + 10_000
+    lengths = workloads.load(args.workload, n=args.eval_docs, seed=seed) * args.scale
+    lengths = np.clip(np.round(lengths), 2, args.capacity).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    docs = [(int(rng.integers(0, args.vocab)) + int(rng.integers(1, 8)) * np.arange(n)) % args.vocab
+            for n in lengths]
+    packs, cur = [], []
+    for d in docs:
+        if cur and sum(map(len, cur)) + len(d) > args.capacity:
+            packs.append(cur)
+            cur = []
+        cur.append(d)
+    packs.append(cur)
+    out = []
+    for p in packs:
+        lens = [len(d) for d in p]
+        out.append((torch.from_numpy(np.concatenate(p)).long(),
+                    torch.from_numpy(np.concatenate([np.arange(n) for n in lens])).long(),
+                    torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32),
+                    max(lens),
+                    torch.from_numpy(np.concatenate([np.append(d[1:], -100) for d in p])).long()))
+    return out
+
+
+@torch.no_grad()
+def eval_loss(model, batches) -> float:
+    """Token-mean next-token loss of ``model`` on the held-out batches."""
+    model.eval()
+    total, n = 0.0, 0
+    for ids, pos, cu, mx, lab in batches:
+        total += float(token_loss_sum(model(ids, pos, cu, mx), lab))
+        n += int((lab != -100).sum())
+    model.train()
+    return total / n
+
+
 # ---- the per-rank loop ----------------------------------------------------------------------
 
 def build_loader(args, ds, rank: int, world: int):
@@ -125,7 +174,8 @@ def build_loader(args, ds, rank: int, world: int):
     from balancer.sampler import PackedBatchSampler
     cost = load_cost_model(args.cost_model)
     layout = Layout(dp=world, microbatches=args.microbatches, capacity=args.capacity)
-    config = PlannerConfig(strategy=args.strategy, seed=args.seed, max_delay=args.max_delay,
+    seed = args.seed if args.shuffle_seed is None else args.shuffle_seed
+    config = PlannerConfig(strategy=args.strategy, seed=seed, max_delay=args.max_delay,
                            over_length="chunk")
     samples = SampleTable.from_dataset(ds, "length")
     sampler = PackedBatchSampler(samples, cost, layout, config)
@@ -149,6 +199,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
     params = [p for p in model.parameters() if p.requires_grad]
     scale = world if args.sync == "ddp" else 1  # DDP averages; we want the sum over ranks
     records, done = [], 0
+    held_out = eval_batches(args) if args.eval_every and rank == 0 else None
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         plan = sampler.plan
@@ -204,8 +255,15 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
             rec["epoch"] = epoch
             records.append(rec)
             done += 1
+            if held_out is not None and done % args.eval_every == 0:
+                # after the step's timing: the other ranks' compute is not held up by it
+                rec["eval_loss"] = eval_loss(model, held_out)
             if args.steps and done >= args.steps:
-                return records
+                break
+        if args.steps and done >= args.steps:
+            break
+    if held_out is not None and records and "eval_loss" not in records[-1]:
+        records[-1]["eval_loss"] = eval_loss(model, held_out)
     return records
 
 
@@ -240,6 +298,8 @@ def merge_log(args: argparse.Namespace, per_rank: list[list[dict]]) -> dict:
         rs = [r[s] for r in per_rank]
         entry = {"step": s, "epoch": rs[0]["epoch"], "step_loss_tokens": rs[0]["step_loss_tokens"],
                  "loss": sum(r["loss_sum"] for r in rs) / rs[0]["step_loss_tokens"]}
+        if "eval_loss" in rs[0]:
+            entry["eval_loss"] = rs[0]["eval_loss"]
         for k in ("compute_s", "wait_s", "sync_s", "step_s", "tokens", "microbatches",
                   "predicted_cost"):
             entry[k] = [r[k] for r in rs]
