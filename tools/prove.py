@@ -64,9 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention", default="tiled", help="TinyLM attention (as calibrated)")
     p.add_argument("--eval-every", type=int, default=4,
                    help="evaluate a fixed held-out set every this many steps and at the end")
-    p.add_argument("--no-order-noise", action="store_true",
-                   help="skip the extra baseline run in another shuffle order that measures "
-                        "how much the final held-out loss moves with the order alone")
+    p.add_argument("--order-seeds", type=int, default=2,
+                   help="train every strategy in this many more shuffle orders (held-out loss "
+                        "only): the loss comparison is over orders, mean and standard error")
     p.add_argument("--repeats", type=int, default=1,
                    help="train every strategy this many times, interleaved (baseline, ours, "
                         "baseline, ...); the measured speedup is the median of paired ratios")
@@ -175,7 +175,7 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
             targs = train_args(args, s, world, data, log_path)
             print(f"[prove] world {world}: training {s} (run {rep + 1}/{args.repeats}) ...",
                   file=sys.stderr, flush=True)
-            log = train.run(targs)
+            log = _train(targs)
             n = len(log["steps"])
             skip = min(args.skip_steps, n - 1)
             meas = measured_block(log, skip)
@@ -229,18 +229,29 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
             {s: r["loss"] for s, r in res["strategies"].items()},
             {s: r["step_tokens"] for s, r in res["strategies"].items()})
         if args.eval_every:
-            noise_run = None
-            if not args.no_order_noise:
-                # the same model and data in another shuffle order: how far the final held-out
-                # loss moves with the order alone, the yardstick for "learns the same"
-                log_path = out / f"train_w{world}_{BASELINE}_order2.json"
-                print(f"[prove] world {world}: training {BASELINE} in another order ...",
-                      file=sys.stderr, flush=True)
-                noise_run = eval_curve(train.run(train_args(args, BASELINE, world, data,
-                                                            log_path, args.seed + 1)))
-            res["eval_agreement"] = eval_agreement(
-                {s: r["eval"] for s, r in res["strategies"].items()}, noise_run)
+            runs = {k: [r["eval"]] for k, r in res["strategies"].items()}
+            for k in range(1, args.order_seeds + 1):
+                for st in strategies:
+                    print(f"[prove] world {world}: training {st} in shuffle order {k + 1} ...",
+                          file=sys.stderr, flush=True)
+                    log_path = out / f"train_w{world}_{st}_order{k + 1}.json"
+                    runs[st].append(eval_curve(_train(train_args(args, st, world, data,
+                                                                 log_path, args.seed + k))))
+            res["eval_agreement"] = eval_agreement(runs)
     return res
+
+
+def _train(targs) -> dict:
+    """One training run; retried once if a rank process dies on a signal. A run is
+    deterministic, so the retry yields the same plan and losses; gloo has been seen (once in
+    ~40 runs here) to abort a rank while tearing its process group down ("terminate called
+    without an active exception"), which says nothing about the run."""
+    import torch.multiprocessing as mp
+    try:
+        return train.run(targs)
+    except mp.ProcessExitedException as exc:
+        print(f"[prove] a rank died ({exc}); running it again", file=sys.stderr, flush=True)
+        return train.run(targs)
 
 
 def eval_curve(log: dict) -> dict:
@@ -251,21 +262,30 @@ def eval_curve(log: dict) -> dict:
     return {"tokens": [t for t, _ in ev], "loss": [x for _, x in ev]}
 
 
-def eval_agreement(curves: dict, noise_run: dict | None) -> dict:
-    """Final held-out loss of every strategy (after the whole run: the same documents) next to
-    the baseline's, and the order noise: the baseline's final loss in another shuffle order
-    minus in this one. A strategy learns the same as the baseline when its difference is of the
-    size of the order noise."""
-    base = curves[BASELINE]["loss"][-1]
-    out = {"final": {s: c["loss"][-1] for s, c in curves.items()}, "curves": curves}
-    noise = abs(noise_run["loss"][-1] - base) if noise_run else None
-    out["order_noise"] = noise
-    out["order_noise_curve"] = noise_run
-    out["strategies"] = {
-        s: {"final_rel_diff": (c["loss"][-1] - base) / base,
-            "final_diff_over_order_noise": (abs(c["loss"][-1] - base) / noise
-                                            if noise else None)}
-        for s, c in curves.items()}
+def eval_agreement(runs: dict) -> dict:
+    """Held-out loss of every strategy over shuffle orders (``runs``: strategy -> list of
+    :func:`eval_curve` s, one per order), compared with the baseline's at two points: after
+    the same number of optimizer steps (the last evaluation every run reached) and at the end
+    of the run (the same documents trained). Balanced steps are fuller, so an epoch has fewer
+    of them: at equal tokens a strategy with fewer steps trails while the loss still falls
+    steeply. Each point gives the mean and standard deviation over orders and the difference
+    from the baseline in standard errors of that difference."""
+    k = min(len(c["loss"]) for cs in runs.values() for c in cs) - 1
+
+    def point(values):
+        v = np.asarray(values, dtype=np.float64)
+        return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+                "n": int(v.size), "values": v.tolist()}
+
+    out = {"orders": len(runs[BASELINE]), "evaluation": k, "curves": runs}
+    for name, pick in (("equal_steps", lambda c: c["loss"][k]), ("end", lambda c: c["loss"][-1])):
+        pts = {s: point([pick(c) for c in cs]) for s, cs in runs.items()}
+        b = pts[BASELINE]
+        for p in pts.values():
+            se = float(np.hypot(p["std"] / np.sqrt(p["n"]), b["std"] / np.sqrt(b["n"])))
+            p["diff"] = p["mean"] - b["mean"]
+            p["diff_over_se"] = abs(p["diff"]) / se if se > 0 else None
+        out[name] = pts
     return out
 
 
@@ -297,15 +317,17 @@ def format_markdown(rep: dict) -> str:
                                                   for k, v in runs.items() if k != BASELINE)]
         ea = r.get("eval_agreement")
         if ea:
-            noise = ea["order_noise"]
-            lines += ["", "Held-out loss (a fixed set of documents, evaluated every "
-                          f"{cfg['eval_every']} steps and after the last) at the end of the run: "
-                      + "; ".join(f"{s} {x:.4f}" for s, x in ea["final"].items())
-                      + (f". Order noise (the baseline trained in another shuffle order ends "
-                         f"{noise:.4f} apart): " + "; ".join(
-                             f"{s} differs by {x['final_diff_over_order_noise']:.2f}x that"
-                             for s, x in ea["strategies"].items() if s != BASELINE)
-                         if noise else "") + "."]
+            lines += ["", f"Held-out loss (a fixed set of documents) over {ea['orders']} shuffle "
+                          "orders, mean +- standard deviation; the difference from "
+                          f"{BASELINE} in standard errors:", "",
+                      "| strategy | after equal steps | diff | at the end of the run | diff |",
+                      "|---|---|---|---|---|"]
+            for s in ea["equal_steps"]:
+                a, e = ea["equal_steps"][s], ea["end"][s]
+                f = lambda p: f"{p['diff']:+.4f} ({p['diff_over_se']:.2f} SE)" \
+                    if p["diff_over_se"] is not None else "-"  # noqa: E731
+                lines.append(f"| {s} | {a['mean']:.4f} +- {a['std']:.4f} | {f(a)} "
+                             f"| {e['mean']:.4f} +- {e['std']:.4f} | {f(e)} |")
         la = r.get("loss_agreement")
         if la:
             lines += ["", f"Loss curves (token-weighted mean over the last "
@@ -360,9 +382,11 @@ def main(argv=None) -> int:
                   f"(gap {100 * sp['relative_gap']:+.1f}%)")
         ea = r.get("eval_agreement")
         if ea:
-            print(f"world {w} held-out loss at the end: " + ", ".join(
-                f"{s} {x:.4f}" for s, x in ea["final"].items())
-                + (f"; order noise {ea['order_noise']:.4f}" if ea["order_noise"] else ""))
+            for s, a in ea["equal_steps"].items():
+                e = ea["end"][s]
+                print(f"world {w} {s:11s}: held-out loss after equal steps {a['mean']:.4f} +- "
+                      f"{a['std']:.4f}, at the end {e['mean']:.4f} +- {e['std']:.4f} "
+                      f"({ea['orders']} orders)")
         la = r.get("loss_agreement", {})
         for s, x in la.get("strategies", {}).items():
             print(f"world {w} {s:11s}: loss {x['first']:.4f} -> {x['last']:.4f}, final mean "

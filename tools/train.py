@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -286,7 +287,11 @@ def _rank_entry(rank: int, world: int, args: argparse.Namespace, init: str, out:
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(gathered, f)
+        dist.barrier()
     finally:
+        # drop DDP's reducer and any finished work before the group goes: gloo aborts the
+        # process when its threads release Python objects during interpreter shutdown
+        gc.collect()
         dist.destroy_process_group()
 
 
