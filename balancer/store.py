@@ -199,6 +199,8 @@ def plan_header(layout: Layout, config: PlannerConfig, cost_model, n_samples: in
     name = cost_model.name if spec is not None else str(cost_model)
     return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
             "layout": layout.model_dump(mode="json"), "config": config.model_dump(mode="json"),
+            # defaults resolved as this code resolved them (a later release may change them)
+            "config_resolved": {"max_advance": config.advance},
             "cost_model": {"name": name, "spec": spec},
             "dataset": {"fingerprint": dataset_fingerprint, "n_samples": int(n_samples),
                         "total_tokens": None if total_tokens is None else int(total_tokens)},

@@ -201,3 +201,15 @@ def test_plan_identical_across_processes(tmp_path):
                            timeout=600, env={**__import__("os").environ,
                                              "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)}
     assert len(outs) == 1 and len(next(iter(outs)).split()) == 2
+
+
+def test_read_ahead_bound_defaults_to_three_times_the_delay_bound(wlbllm):
+    assert PlannerConfig(max_delay=4).advance == 12
+    assert PlannerConfig(max_delay=4, max_advance=0).advance == 0
+    cost = CostModel.quadratic(65536)
+    layout = Layout(dp=1, pp=4, microbatches=4, capacity=131072)
+    samples = SampleTable(np.minimum(wlbllm[:30000], 131072))
+    d = {a: plan_epoch(samples, cost, layout, PlannerConfig(max_delay=2, max_advance=a)).entry_delay
+         for a in (None, 0)}
+    assert d[None].max() <= 2 and d[None].min() >= -6 and d[None].min() < -2  # reads further ahead
+    assert d[0].min() == 0 and d[0].max() <= 2  # delay only

@@ -59,6 +59,7 @@ def test_round_trip_every_epoch(setup, saved):
         assert isinstance(q.entry_sample, np.memmap) and not q.entry_sample.flags.writeable
         assert {k: v for k, v in q.stats.items()} == p.stats
     assert manifest["extra"] == {"note": "x"}
+    assert manifest["config_resolved"] == {"max_advance": 9}  # default: 3 x max_delay
     assert manifest["cost_model"]["spec"]["name"] == cost.name
     assert [e["epoch"] for e in manifest["epochs"]] == [0, 1, 2]
     e0 = manifest["epochs"][0]["summary"]
