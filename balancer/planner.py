@@ -121,7 +121,8 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarr
     """The training order of samples in an epoch: a permutation from (seed, epoch) alone."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
-    return np.random.default_rng([int(seed), int(epoch)]).permutation(n).astype(np.int64)
+    perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+    return perm.astype(np.int64, copy=False)  # already int64 on 64-bit: no copy
 
 
 def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
