@@ -92,7 +92,7 @@ def test_two_rank_proof_run_reports_both_strategies(tmp_path):
     # the final losses differ by less than 3 standard errors of their own noise (a relative
     # bound would be flaky this early in training)
     ea = w["eval_agreement"]  # held-out loss after steps 4 and 6, in 2 shuffle orders each
-    assert ea["orders"] == 2 and ea["evaluation"] == 1
+    assert ea["orders"] == 2 and ea["step"] == 6
     for s in ("sequential", "balanced"):
         curves = ea["curves"][s]
         assert len(curves) == 2 and all(len(c["loss"]) == 2 for c in curves)
@@ -105,3 +105,32 @@ def test_two_rank_proof_run_reports_both_strategies(tmp_path):
     assert "Held-out loss" in md
     la = w["loss_agreement"]["strategies"]["balanced"]
     assert la["final_mean_diff_over_noise"] < 3 and la["final_mean_rel_diff"] < 0.15
+
+
+def test_eval_agreement_compares_the_last_step_every_run_evaluated():
+    # evaluations every 4 steps plus one after the last step: a 49-step run ends with an
+    # off-cycle evaluation (step 49) that a 53-step run never made; "equal steps" is step 48
+    def curve(last, losses):
+        steps = list(range(4, last + 1, 4)) + ([last] if last % 4 else [])
+        return {"steps": steps, "tokens": [10 * s for s in steps], "loss": losses(steps)}
+
+    seq = [curve(53, lambda st: [10.0 - 0.1 * s for s in st]) for _ in range(2)]
+    bal = [curve(49, lambda st: [10.0 - 0.1 * s + 0.01 for s in st]),
+           curve(49, lambda st: [10.0 - 0.1 * s + 0.03 for s in st])]
+    ea = prove.eval_agreement({"sequential": seq, "balanced": bal})
+    assert ea["step"] == 48
+    assert ea["equal_steps"]["sequential"]["values"] == [pytest.approx(10.0 - 4.8)] * 2
+    assert ea["equal_steps"]["balanced"]["diff"] == pytest.approx(0.02)
+    assert ea["end"]["balanced"]["values"] == [pytest.approx(10.0 - 4.9 + 0.01),
+                                               pytest.approx(10.0 - 4.9 + 0.03)]
+    assert ea["end"]["sequential"]["mean"] == pytest.approx(10.0 - 5.3)
+
+
+def test_model_flags_are_the_trainers():
+    # the proof passes its model flags on to tools/train.py: a mode the model does not have is
+    # refused when the flags are read, not ranks later
+    with pytest.raises(SystemExit):
+        prove.parse_args(["--attention", "flash"])
+    args = prove.parse_args(["--attention", "loop", "--dim", "32"])
+    targs = prove.train_args(args, "balanced", 2, Path("data"), Path("log.json"))
+    assert (targs.attention, targs.dim, targs.vocab) == ("loop", 32, 256)

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 from balancer import calibration as cal_mod  # noqa: E402
 from balancer.cost import config_dir  # noqa: E402
-from tools.tiny_lm import ATTENTION_MODES  # noqa: E402
+from tools.tiny_lm import add_model_args, model_from_args  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,12 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--module", default=None,
                    help="pkg.mod:factory returning a torch.nn.Module (default: tools.tiny_lm.TinyLM)")
     g.add_argument("--module-kwargs", default="{}", help="JSON keyword arguments of the factory")
-    g.add_argument("--vocab", type=int, default=256, help="vocabulary size (token ids drawn below it)")
-    g.add_argument("--dim", type=int, default=64, help="TinyLM width")
-    g.add_argument("--layers", type=int, default=2, help="TinyLM blocks")
-    g.add_argument("--heads", type=int, default=4, help="TinyLM heads")
-    g.add_argument("--attention", choices=ATTENTION_MODES, default="tiled",
-                   help="TinyLM attention (tiled: flash-style query tiles)")
+    add_model_args(g)
     g = p.add_argument_group("measurement")
     g.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
@@ -74,8 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build_module(args) -> torch.nn.Module:
     """TinyLM from the flags, or ``factory(**kwargs)`` of ``--module pkg.mod:factory``."""
     if args.module is None:
-        from tools.tiny_lm import TinyLM
-        return TinyLM(args.vocab, args.dim, args.layers, args.heads, attention=args.attention)
+        return model_from_args(args)
     if ":" not in args.module:
         raise ValueError(f"--module {args.module!r} must be 'package.module:factory'")
     mod, fn = args.module.split(":", 1)

@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 from balancer import load_cost_model  # noqa: E402
 from balancer.metrics import step_metrics, summarize  # noqa: E402
 from tools import train  # noqa: E402
+from tools.tiny_lm import add_model_args  # noqa: E402
 
 BASELINE = "sequential"
 
@@ -57,11 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-delay", type=int, default=4)
     p.add_argument("--steps", type=int, default=0, help="steps to train (0: the whole epoch)")
     p.add_argument("--skip-steps", type=int, default=1, help="first steps left out of timing")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--attention", default="tiled", help="TinyLM attention (as calibrated)")
+    add_model_args(p)  # as calibrated
     p.add_argument("--eval-every", type=int, default=4,
                    help="evaluate a fixed held-out set every this many steps and at the end")
     p.add_argument("--order-seeds", type=int, default=2,
@@ -169,13 +166,11 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
     for rep in range(max(1, args.repeats)):
         # interleaved, so a slow spell of the machine hits both strategies alike
         for s in strategies:
-            log_path = out / f"train_w{world}_{s}.json"
-            if rep:
-                log_path = out / f"train_w{world}_{s}_r{rep}.json"
+            log_path = out / f"train_w{world}_{s}{f'_r{rep}' if rep else ''}.json"
             targs = train_args(args, s, world, data, log_path)
             print(f"[prove] world {world}: training {s} (run {rep + 1}/{args.repeats}) ...",
                   file=sys.stderr, flush=True)
-            log = _train(targs)
+            log = train.run(targs)
             n = len(log["steps"])
             skip = min(args.skip_steps, n - 1)
             meas = measured_block(log, skip)
@@ -235,50 +230,40 @@ def prove_world(args, world: int, strategies: list[str], out: Path, data: Path) 
                     print(f"[prove] world {world}: training {st} in shuffle order {k + 1} ...",
                           file=sys.stderr, flush=True)
                     log_path = out / f"train_w{world}_{st}_order{k + 1}.json"
-                    runs[st].append(eval_curve(_train(train_args(args, st, world, data,
+                    runs[st].append(eval_curve(train.run(train_args(args, st, world, data,
                                                                  log_path, args.seed + k))))
             res["eval_agreement"] = eval_agreement(runs)
     return res
 
 
-def _train(targs) -> dict:
-    """One training run; retried once if a rank process dies on a signal. A run is
-    deterministic, so the retry yields the same plan and losses; gloo has been seen (once in
-    ~40 runs here) to abort a rank while tearing its process group down ("terminate called
-    without an active exception"), which says nothing about the run."""
-    import torch.multiprocessing as mp
-    try:
-        return train.run(targs)
-    except mp.ProcessExitedException as exc:
-        print(f"[prove] a rank died ({exc}); running it again", file=sys.stderr, flush=True)
-        return train.run(targs)
-
-
 def eval_curve(log: dict) -> dict:
-    """``{"tokens": [...], "loss": [...]}``: held-out loss after the evaluated steps, against
-    the tokens trained so far."""
+    """``{"steps": [...], "tokens": [...], "loss": [...]}``: held-out loss after the evaluated
+    steps (counted from 1), with the tokens trained so far."""
     tok = np.cumsum([sum(e["tokens"]) for e in log["steps"]])
-    ev = [(int(t), e["eval_loss"]) for t, e in zip(tok, log["steps"]) if "eval_loss" in e]
-    return {"tokens": [t for t, _ in ev], "loss": [x for _, x in ev]}
+    ev = [(i + 1, int(t), e["eval_loss"])
+          for i, (t, e) in enumerate(zip(tok, log["steps"])) if "eval_loss" in e]
+    return {"steps": [x[0] for x in ev], "tokens": [x[1] for x in ev], "loss": [x[2] for x in ev]}
 
 
 def eval_agreement(runs: dict) -> dict:
     """Held-out loss of every strategy over shuffle orders (``runs``: strategy -> list of
     :func:`eval_curve` s, one per order), compared with the baseline's at two points: after
-    the same number of optimizer steps (the last evaluation every run reached) and at the end
+    the same number of optimizer steps (the last step every run evaluated) and at the end
     of the run (the same documents trained). Balanced steps are fuller, so an epoch has fewer
     of them: at equal tokens a strategy with fewer steps trails while the loss still falls
     steeply. Each point gives the mean and standard deviation over orders and the difference
     from the baseline in standard errors of that difference."""
-    k = min(len(c["loss"]) for cs in runs.values() for c in cs) - 1
+    curves = [c for cs in runs.values() for c in cs]
+    step = max(set.intersection(*(set(c["steps"]) for c in curves)))
 
     def point(values):
         v = np.asarray(values, dtype=np.float64)
         return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
                 "n": int(v.size), "values": v.tolist()}
 
-    out = {"orders": len(runs[BASELINE]), "evaluation": k, "curves": runs}
-    for name, pick in (("equal_steps", lambda c: c["loss"][k]), ("end", lambda c: c["loss"][-1])):
+    out = {"orders": len(runs[BASELINE]), "step": step, "curves": runs}
+    at_step = lambda c: c["loss"][c["steps"].index(step)]  # noqa: E731
+    for name, pick in (("equal_steps", at_step), ("end", lambda c: c["loss"][-1])):
         pts = {s: point([pick(c) for c in cs]) for s, cs in runs.items()}
         b = pts[BASELINE]
         for p in pts.values():
@@ -320,7 +305,8 @@ def format_markdown(rep: dict) -> str:
             lines += ["", f"Held-out loss (a fixed set of documents) over {ea['orders']} shuffle "
                           "orders, mean +- standard deviation; the difference from "
                           f"{BASELINE} in standard errors:", "",
-                      "| strategy | after equal steps | diff | at the end of the run | diff |",
+                      f"| strategy | after step {ea['step']} (every run) | diff "
+                      "| at the end of the run | diff |",
                       "|---|---|---|---|---|"]
             for s in ea["equal_steps"]:
                 a, e = ea["equal_steps"][s], ea["end"][s]

@@ -136,6 +136,22 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+def add_model_args(group) -> None:
+    """The TinyLM flags (``--vocab --dim --layers --heads --attention``) on an argparse group;
+    the trainer, the calibration tool and the proof take the same ones."""
+    group.add_argument("--vocab", type=int, default=256, help="vocabulary size")
+    group.add_argument("--dim", type=int, default=64, help="TinyLM width")
+    group.add_argument("--layers", type=int, default=2, help="TinyLM blocks")
+    group.add_argument("--heads", type=int, default=4, help="TinyLM attention heads")
+    group.add_argument("--attention", choices=ATTENTION_MODES, default="tiled",
+                       help="TinyLM attention (tiled: flash-style query tiles)")
+
+
+def model_from_args(args) -> "TinyLM":
+    """The TinyLM the :func:`add_model_args` flags describe."""
+    return TinyLM(args.vocab, args.dim, args.layers, args.heads, attention=args.attention)
+
+
 def token_loss_sum(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy over labelled positions (``shift_labels`` != -100)."""
     return F.cross_entropy(logits.float(), shift_labels, ignore_index=IGNORE, reduction="sum")

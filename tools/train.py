@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.tiny_lm import ATTENTION_MODES, TinyLM, token_loss_sum  # noqa: E402
+from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,7 +56,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--scale", type=float, default=0.05,
                    help="multiply the workload's lengths by this (CPU-sized documents)")
     g.add_argument("--data", default=None, help="folder for the parquet file (default: a temp dir)")
-    g.add_argument("--vocab", type=int, default=256, help="vocabulary size")
     g = p.add_argument_group("layout and plan")
     g.add_argument("--world", type=int, default=2, help="processes (= DP ranks), 1-4 on CPU")
     g.add_argument("--microbatches", type=int, default=2, help="microbatches per rank per step")
@@ -69,11 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seed of the plan's shuffle only (default: --seed); another value "
                         "trains the same model on the same data in another order")
     g = p.add_argument_group("model and training")
-    g.add_argument("--dim", type=int, default=64)
-    g.add_argument("--layers", type=int, default=2)
-    g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--attention", choices=ATTENTION_MODES, default="tiled",
-                   help="TinyLM attention (tiled: flash-style query tiles)")
+    add_model_args(g)
     g.add_argument("--lr", type=float, default=3e-3)
     g.add_argument("--steps", type=int, default=20, help="stop after this many steps (0: all)")
     g.add_argument("--epochs", type=int, default=1)
@@ -194,7 +189,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
     ds = load_dataset(Path(args.data_path))
     sampler, loader = build_loader(args, ds, rank, world)
     torch.manual_seed(args.seed)
-    model = TinyLM(args.vocab, args.dim, args.layers, args.heads, attention=args.attention)
+    model = model_from_args(args)
     ddp = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -337,6 +332,15 @@ def _warm_numba_cache(args) -> None:
                PlannerConfig(strategy=args.strategy, over_length="chunk"))
 
 
+def _read_records(path: str):
+    """The gathered per-rank records, or None when the file is missing or incomplete."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def run(args: argparse.Namespace) -> dict:
     """Make the data, spawn ``args.world`` ranks, return (and write to ``args.log``) the log."""
     if not 1 <= args.world <= 8:
@@ -348,10 +352,24 @@ def run(args: argparse.Namespace) -> dict:
         out = os.path.join(tmp, "records.json")
         _warm_numba_cache(args)
         init = f"file://{tmp}/rendezvous"
-        mp.start_processes(_rank_entry, args=(args.world, args, init, out), nprocs=args.world,
-                           join=True, start_method="spawn")
-        with open(out) as f:
-            per_rank = json.load(f)
+        crash = None
+        try:
+            mp.start_processes(_rank_entry, args=(args.world, args, init, out),
+                               nprocs=args.world, join=True, start_method="spawn")
+        except mp.ProcessExitedException as exc:
+            crash = exc
+        # gloo has been seen (about once in 40 runs here) to abort a rank with "terminate called
+        # without an active exception" while the process group is torn down. Rank 0 writes the
+        # records only after every rank finished training, so a complete file means the run is
+        # whole; anything less is a real failure
+        per_rank = _read_records(out)
+        if per_rank is None:
+            if crash is not None:
+                raise crash
+            raise RuntimeError("the ranks exited without writing their records")
+        if crash is not None:
+            print(f"train: a rank died after the run completed ({crash}); its records are "
+                  "complete", file=sys.stderr, flush=True)
     log = merge_log(args, per_rank)
     if args.log:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
