@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from packing.validate import as_sizes
 
+from . import resources
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -217,30 +219,22 @@ class CostModel(BaseModel):
 
 
 def config_dir() -> Path:
-    """Directory of YAML presets: ``$BALANCER_CONFIG_DIR`` or the repository's ``configs/``."""
-    env = os.environ.get("BALANCER_CONFIG_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "configs"
+    """Where new presets are written: ``$BALANCER_CONFIG_DIR``, the checkout's ``configs/`` or
+    ``./configs`` (lookup also searches the presets shipped in the package)."""
+    return resources.user_config_dir()
 
 
 BUILTIN = {"quadratic-64k": lambda: CostModel.quadratic(65536)}
 
 
 def available_presets() -> list[str]:
-    d = config_dir() / "models"
-    files = sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
-    return sorted(set(BUILTIN) | set(files))
+    return sorted(set(BUILTIN) | set(resources.preset_names("models")))
 
 
 def preset_path(name_or_path: str, subdir: str) -> Optional[Path]:
-    """A YAML file given by path, or the preset ``configs/<subdir>/<name>.yaml``; None if
-    neither exists."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        return p
-    preset = config_dir() / subdir / f"{name_or_path}.yaml"
-    return preset if preset.is_file() else None
+    """A YAML file given by path, or the preset ``<subdir>/<name>.yaml`` (see
+    :mod:`balancer.resources` for the lookup order); None if neither exists."""
+    return resources.preset_path(name_or_path, subdir)
 
 
 def load_cost_model(name_or_path: str) -> CostModel:

@@ -35,7 +35,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cost import CostModel, ModelSpec, config_dir, preset_path
+from .cost import CostModel, ModelSpec, preset_path
+from .resources import preset_names
 from .multimodal import AUDIO, MediaRules, MultimodalTable
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -199,8 +200,7 @@ class MMCostModel(BaseModel):
 
 
 def available_presets() -> list[str]:
-    d = config_dir() / "multimodal"
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return preset_names("multimodal")
 
 
 def load_mm_cost_model(name_or_path: str) -> MMCostModel:

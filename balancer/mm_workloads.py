@@ -11,14 +11,13 @@ seeded generator: the same (config, n, seed) gives the same table.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cost import config_dir
+from .resources import preset_names, preset_path
 from .multimodal import MediaRules, MultimodalTable
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -165,18 +164,14 @@ class MMWorkload(BaseModel):
 
 
 def available() -> list[str]:
-    d = config_dir() / "workloads"
-    return sorted(p.stem for p in d.glob("multimodal-*.yaml")) if d.is_dir() else []
+    return preset_names("workloads", "multimodal-*.yaml")
 
 
 def load_workload(name_or_path: str) -> MMWorkload:
     """A ``configs/workloads/<name>.yaml`` name or a YAML path."""
-    p = Path(name_or_path)
-    if not (p.suffix in (".yaml", ".yml") and p.is_file()):
-        p = config_dir() / "workloads" / f"{name_or_path}.yaml"
-        if not p.is_file():
-            raise ValueError(f"unknown multimodal workload {name_or_path!r}; known: "
-                             f"{available()}")
+    p = preset_path(name_or_path, "workloads")
+    if p is None:
+        raise ValueError(f"unknown multimodal workload {name_or_path!r}; known: {available()}")
     with open(p) as f:
         doc = yaml.safe_load(f) or {}
     return MMWorkload(**doc)

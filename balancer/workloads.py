@@ -1,5 +1,13 @@
-"""Workloads by name: the real length distributions in ``shared/workloads`` and seeded synthetic
-ones, so benchmarks and the demo run on a fresh machine with no arguments."""
+"""Workloads by name: the real length distributions shipped with the package and seeded
+synthetic ones, so benchmarks, the demo and the tests run from a clone or a wheel with no
+folder outside it.
+
+Real workloads (int32 token lengths per document, in published order) live in
+``balancer/data/workloads/<name>_lengths.npz`` (``lengths`` array): ``wikipedia`` (1M Wikipedia
+articles, FlexSP), ``wlbllm`` (99,519 samples of a 128K pre-training mix shaped after WLB-LLM),
+``prolong`` (77,932 samples of a long-context mix). ``$BALANCER_WORKLOADS`` may name a folder of
+extra ``<name>_lengths.npy`` files, which take precedence.
+"""
 from __future__ import annotations
 
 import os
@@ -7,17 +15,25 @@ from pathlib import Path
 
 import numpy as np
 
+from .resources import packaged
 
-def shared_dir() -> Path | None:
-    """``$BALANCER_WORKLOADS`` or the ``shared/workloads`` folder beside the repository."""
+
+def _dirs() -> list[Path]:
     env = os.environ.get("BALANCER_WORKLOADS")
-    cands = [Path(env)] if env else []
-    root = Path(__file__).resolve().parent.parent
-    cands += [root.parent / "shared" / "workloads", root / "shared" / "workloads"]
-    for c in cands:
-        if c.is_dir():
-            return c
-    return None
+    out = [Path(env)] if env else []
+    return out + [packaged("workloads")]
+
+
+def _real_files() -> dict[str, Path]:
+    """name -> file, the first folder in lookup order winning."""
+    found: dict[str, Path] = {}
+    for d in _dirs():
+        if not d.is_dir():
+            continue
+        for pat in ("*_lengths.npy", "*_lengths.npz"):
+            for f in sorted(d.glob(pat)):
+                found.setdefault(f.name[: -len("_lengths.npy")], f)
+    return found
 
 
 def synthetic(name: str, n: int = 200_000, seed: int = 0) -> np.ndarray:
@@ -47,16 +63,22 @@ def synthetic(name: str, n: int = 200_000, seed: int = 0) -> np.ndarray:
 
 
 SYNTHETIC = ("bimodal-sft", "lognormal-4k", "uniform-32k", "pareto")
+REAL = ("prolong", "wikipedia", "wlbllm")  # shipped in the package
 
 
 def available() -> list[str]:
-    d = shared_dir()
-    real = sorted(p.name[: -len("_lengths.npy")] for p in d.glob("*_lengths.npy")) if d else []
-    return real + list(SYNTHETIC)
+    return sorted(_real_files()) + list(SYNTHETIC)
+
+
+def _read(f: Path) -> np.ndarray:
+    if f.suffix == ".npz":
+        with np.load(f, allow_pickle=False) as z:
+            return z["lengths"].astype(np.int64)
+    return np.load(f, allow_pickle=False).astype(np.int64)
 
 
 def load(name_or_path: str, n: int | None = None, seed: int = 0) -> np.ndarray:
-    """Lengths of a workload: a ``.npy`` path, a shared workload name (``wikipedia``,
+    """Lengths of a workload (int64): a ``.npy`` path, a real workload name (``wikipedia``,
     ``wlbllm``, ``prolong``), or a synthetic name. ``n`` resamples (with replacement, seeded)
     or synthesises that many samples."""
     p = Path(name_or_path)
@@ -65,12 +87,14 @@ def load(name_or_path: str, n: int | None = None, seed: int = 0) -> np.ndarray:
     elif name_or_path in SYNTHETIC:
         return synthetic(name_or_path, n or 200_000, seed)
     else:
-        d = shared_dir()
-        f = d / f"{name_or_path}_lengths.npy" if d else None
-        if f is None or not f.is_file():
+        f = _real_files().get(name_or_path)
+        if f is None:
             raise ValueError(f"unknown workload {name_or_path!r}: not a .npy file and not one of "
                              f"{available()}")
-        arr = np.load(f, allow_pickle=False).astype(np.int64)
+        arr = _read(f)
     if n is not None and n != arr.shape[0]:
         arr = np.random.default_rng(seed).choice(arr, size=n, replace=True)
     return arr
+
+
+__all__ = ["REAL", "SYNTHETIC", "available", "load", "synthetic"]

@@ -14,10 +14,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def wlbllm():
     from balancer import workloads
-    try:
-        return workloads.load("wlbllm")
-    except ValueError:  # no shared/ beside the checkout: a long-tailed stand-in under 128K
-        return np.minimum(workloads.synthetic("lognormal-4k", 100_000), 124_913)
+    return workloads.load("wlbllm")  # shipped in the package: no folder outside the repo
 
 
 @pytest.fixture

@@ -153,8 +153,10 @@ def measure(timer: PassTimer, shapes: list[list[int]], vocab: int, warmup: int, 
     return cal_mod.Observations(lens, off, {"forward": med[:, 0], "backward": med[:, 1]})
 
 
-def run(args) -> dict:
-    """Measure, fit, write the preset (and JSON); returns the JSON document."""
+def run(args, timer_cls: type = None) -> dict:
+    """Measure, fit, write the preset (and JSON); returns the JSON document. ``timer_cls``
+    (default :class:`PassTimer`) is constructed as ``timer_cls(module, device)``; tests pass a
+    subclass that runs the real passes but reports deterministic seconds."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -162,7 +164,7 @@ def run(args) -> dict:
     rng = np.random.default_rng(args.seed)
     fit_shapes = cal_mod.sample_shapes(args.fit_shapes, args.capacity, rng, args.max_docs)
     held_shapes = cal_mod.sample_shapes(args.held_out_shapes, args.capacity, rng, args.max_docs)
-    timer = PassTimer(module, device)
+    timer = (timer_cls or PassTimer)(module, device)
     both = measure(timer, fit_shapes + held_shapes, args.vocab, args.warmup, args.repeats,
                    args.seed)
     nf = len(fit_shapes)

@@ -1,0 +1,78 @@
+"""Files the package finds by name: YAML presets (cost models, multimodal models, workloads,
+layouts) and the real length distributions.
+
+Both ship inside the package (``balancer/data/``, found with :mod:`importlib.resources`), so a
+wheel installed anywhere finds them. ``configs/`` at the repository root is the copy users read
+and copy from; ``tests/test_resources.py`` keeps the two identical. Lookup order for a preset
+name: ``$BALANCER_CONFIG_DIR``, the checkout's ``configs/`` (when running from a clone, so a
+freshly calibrated preset is found), then the packaged copy.
+"""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def packaged(*parts: str) -> Path:
+    """A path inside the installed package's ``data/`` folder (a real directory: the package is
+    never imported from a zip)."""
+    return Path(str(resources.files("balancer").joinpath("data", *parts)))
+
+
+def _checkout_configs() -> Optional[Path]:
+    d = _CHECKOUT / "configs"
+    return d if d.is_dir() and (_CHECKOUT / "pyproject.toml").is_file() else None
+
+
+def preset_dirs() -> list[Path]:
+    """Preset roots in lookup order (each holds ``models/``, ``multimodal/``, ``workloads/``,
+    ``layouts/``)."""
+    out = []
+    env = os.environ.get("BALANCER_CONFIG_DIR")
+    if env:
+        out.append(Path(env))
+    co = _checkout_configs()
+    if co is not None:
+        out.append(co)
+    out.append(packaged("configs"))
+    return out
+
+
+def user_config_dir() -> Path:
+    """Where new presets are written by default (calibration): ``$BALANCER_CONFIG_DIR``, the
+    checkout's ``configs/``, or ``./configs`` outside a checkout (never inside the installed
+    package)."""
+    env = os.environ.get("BALANCER_CONFIG_DIR")
+    if env:
+        return Path(env)
+    return _checkout_configs() or Path.cwd() / "configs"
+
+
+def preset_path(name_or_path: str, subdir: str) -> Optional[Path]:
+    """A YAML file given by path, or the first ``<root>/<subdir>/<name>.yaml`` over
+    :func:`preset_dirs`; None if neither exists."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    for root in preset_dirs():
+        f = root / subdir / f"{name_or_path}.yaml"
+        if f.is_file():
+            return f
+    return None
+
+
+def preset_names(subdir: str, pattern: str = "*.yaml") -> list[str]:
+    """Every preset name under ``subdir`` over all roots, sorted."""
+    names: set[str] = set()
+    for root in preset_dirs():
+        d = root / subdir
+        if d.is_dir():
+            names.update(p.stem for p in d.glob(pattern))
+    return sorted(names)
+
+
+__all__ = ["packaged", "preset_dirs", "preset_names", "preset_path", "user_config_dir"]

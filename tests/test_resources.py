@@ -1,0 +1,80 @@
+"""What the package finds by name ships inside it: presets equal to configs/, the real workloads
+bit for bit, and lookups that need no folder outside the package."""
+import filecmp
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from balancer import load_cost_model, mm_cost, mm_workloads, resources, workloads
+from balancer.cost import available_presets
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _yaml_files(d: Path) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*.yaml")}
+
+
+def test_packaged_presets_equal_configs():
+    configs, packaged = ROOT / "configs", resources.packaged("configs")
+    assert _yaml_files(configs) == _yaml_files(packaged), (
+        "balancer/data/configs must mirror configs/: cp -r configs/* balancer/data/configs/")
+    for rel in _yaml_files(configs):
+        assert filecmp.cmp(configs / rel, packaged / rel, shallow=False), (
+            f"{rel} differs between configs/ and balancer/data/configs/")
+
+
+# sha256 of the int32 bytes of the arrays published in shared/workloads
+REAL_SHA = {"wikipedia": ("db8342e4ec2c74b3", 1_000_000),
+            "wlbllm": ("6fc115d4fbb53751", 99_519),
+            "prolong": ("4111030c4176ebad", 77_932)}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_SHA))
+def test_real_workloads_ship_bit_for_bit(name):
+    arr = workloads.load(name)
+    digest, n = REAL_SHA[name]
+    assert arr.dtype == np.int64 and arr.shape == (n,)
+    assert hashlib.sha256(arr.astype(np.int32).tobytes()).hexdigest()[:16] == digest
+    assert name in workloads.available()
+
+
+def test_workload_lookup_needs_no_outside_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("BALANCER_WORKLOADS", raising=False)
+    monkeypatch.setattr(resources, "_CHECKOUT", tmp_path)  # as if installed from a wheel
+    assert set(workloads.REAL) <= set(workloads.available())
+    assert workloads.load("wlbllm", n=10, seed=1).shape == (10,)
+
+
+def test_extra_workload_folder_takes_precedence(monkeypatch, tmp_path):
+    np.save(tmp_path / "mine_lengths.npy", np.array([5, 6, 7], np.int32))
+    monkeypatch.setenv("BALANCER_WORKLOADS", str(tmp_path))
+    assert workloads.load("mine").tolist() == [5, 6, 7]
+    assert "wlbllm" in workloads.available()
+
+
+def test_every_preset_loads_from_the_package_alone(monkeypatch, tmp_path):
+    monkeypatch.delenv("BALANCER_CONFIG_DIR", raising=False)
+    monkeypatch.setattr(resources, "_CHECKOUT", tmp_path)  # no checkout configs/
+    assert resources.preset_dirs() == [resources.packaged("configs")]
+    names = available_presets()
+    assert {"llama-7b", "llama-70b", "tiny-lm-cpu", "quadratic-64k"} <= set(names)
+    for name in names:
+        assert load_cost_model(name).name
+    for name in mm_cost.available_presets():
+        assert mm_cost.load_mm_cost_model(name).name
+    assert mm_workloads.available()
+    for name in mm_workloads.available():
+        assert mm_workloads.load_workload(name)
+    # new presets never go into the installed package
+    monkeypatch.chdir(tmp_path)
+    assert resources.user_config_dir() == tmp_path / "configs"
+
+
+def test_config_dir_env_comes_first(monkeypatch, tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "llama-7b.yaml").write_text("name: mine\na: 1.0\nb: 2.0\n")
+    monkeypatch.setenv("BALANCER_CONFIG_DIR", str(tmp_path))
+    assert resources.preset_path("llama-7b", "models") == tmp_path / "models" / "llama-7b.yaml"
