@@ -317,7 +317,7 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
     dist.broadcast_object_list(msg, src=src, group=group)
     if msg[1]:
         raise ValueError(msg[1])
-    writer = store.PlanDirWriter(out, overwrite=True, tmp=Path(msg[0]))
+    writer = store.PlanDirWriter(out, overwrite=overwrite, tmp=Path(msg[0]))
     bar = _bar(progress and rank == 0)
     try:
         records, carry, n_windows = [], None, []

@@ -251,7 +251,28 @@ def epoch_report(plan, cost: CostModel) -> dict:
     return out
 
 
+def stale_report(plan_dir) -> list[dict]:
+    """Hidden directories that interrupted writes of ``plan_dir`` left next to it."""
+    out = []
+    for h in store.hidden_dirs(plan_dir):
+        alive = h["owner_alive"]
+        out.append({"path": str(h["path"]), "kind": h["kind"],
+                    "writer": "running" if alive else "gone" if alive is False else "unknown"})
+    return out
+
+
 def _inspect_run(args) -> int:
+    stale = stale_report(args.plan_dir)
+    if stale:
+        print(f"note: {len(stale)} hidden director{'y' if len(stale) == 1 else 'ies'} next to "
+              f"{args.plan_dir} left by interrupted writes (the next precompute --out "
+              f"{args.plan_dir} removes those whose writer is gone):", file=sys.stderr)
+        for h in stale:
+            print(f"  {h['path']}  ({h['kind']}, writer {h['writer']})", file=sys.stderr)
+    resolved = store.resolve_plan_dir(args.plan_dir)
+    if resolved != Path(args.plan_dir):
+        print(f"note: {args.plan_dir} is missing (an overwrite was interrupted); reading the "
+              f"previous plan from {resolved}", file=sys.stderr)
     manifest = store.load_manifest(args.plan_dir)
     store.check_compatible(manifest)
     shown = {k: v for k, v in manifest.items() if k != "epochs"}
@@ -279,7 +300,8 @@ def _inspect_run(args) -> int:
                 print(f"  {k:<21} mean {s['mean']:.4f}  p90 {s['p90']:.4f}  max {s['max']:.4f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"manifest": shown, "epochs": reports}, f, indent=1)
+            json.dump({"manifest": shown, "epochs": reports, "stale_dirs": stale}, f,
+                      indent=1)
     return 0
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +139,8 @@ def test_wrong_format_version_is_detected(saved):
     m = json.loads((saved / "manifest.json").read_text())
     m["format_version"] = store.FORMAT_VERSION + 1
     (saved / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ValueError, match=r"format_version: plan has 2, expected 1"):
+    with pytest.raises(ValueError, match=rf"format_version: plan has {store.FORMAT_VERSION + 1}, "
+                       rf"expected {store.FORMAT_VERSION}"):
         store.load_plan(saved, 0)
     (saved / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
@@ -178,54 +178,266 @@ def test_save_refuses_mismatched_inputs(setup, tmp_path):
     assert not list(tmp_path.glob(".*partial*"))
 
 
-def _kill_while_writing(cmd, out: Path, timeout=120.0):
-    """Start ``cmd``, SIGKILL it as soon as it has written array data into its partial
-    directory; returns the partial directories left behind."""
+# ---- SIGKILL at named points of the writer (deterministic: the writer kills itself) ------
+_WRITER = """
+import sys
+import numpy as np
+from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch, store
+n, seed, out, overwrite = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+samples = SampleTable(np.random.default_rng(seed).integers(1, 3000, n))
+plan = plan_epoch(samples, load_cost_model("quadratic-64k"), Layout(dp=2, microbatches=2,
+                  capacity=8192), PlannerConfig(seed=seed))
+store.save_plan(plan, out, overwrite=overwrite)
+"""
+
+
+def _small_plan(n, seed):
+    from balancer import plan_epoch
+    samples = SampleTable(np.random.default_rng(seed).integers(1, 3000, n))
+    return plan_epoch(samples, load_cost_model("quadratic-64k"),
+                      Layout(dp=2, microbatches=2, capacity=8192), PlannerConfig(seed=seed))
+
+
+def _run_writer(cmd, kill_at=None, no_exchange=False):
+    """Run a writer process; with ``kill_at`` it SIGKILLs itself at that point of the store's
+    writer (``store.KILL_ENV``), so the test never races the machine's speed."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    t0 = time.monotonic()
-    try:
-        while time.monotonic() - t0 < timeout:
-            parts = list(out.parent.glob(f".{out.name}.partial-*"))
-            if any(f.stat().st_size > store.HEADER_BYTES
-                   for p in parts for f in p.glob("epoch-*/entry_sample.npy")):
-                proc.send_signal(signal.SIGKILL)
-                break
-            assert proc.poll() is None, "the writer finished before it could be killed"
-            time.sleep(0.005)
-        else:
-            pytest.fail("the writer never started writing")
-    finally:
-        proc.kill()
-        proc.wait(30)
-    assert proc.returncode == -signal.SIGKILL
-    return list(out.parent.glob(f".{out.name}.partial-*"))
+    env.pop(store.KILL_ENV, None)
+    env.pop(store.NO_EXCHANGE_ENV, None)
+    if kill_at:
+        env[store.KILL_ENV] = kill_at
+    if no_exchange:
+        env[store.NO_EXCHANGE_ENV] = "1"
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if kill_at:
+        assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    else:
+        assert r.returncode == 0, r.stderr[-2000:]
+    return r
 
 
-def _precompute_cmd(out, extra=()):
-    return [sys.executable, "-m", "balancer", "precompute", "--lengths", "wikipedia",
-            "--samples", "3000000", "--capacity", "32768", "--dp", "8", "--microbatches", "4",
-            "--strategies", "sequential", "--over-length", "chunk", "--window-samples",
-            "100000", "--no-progress", "--out", str(out), *extra]
+def _writer_cmd(out, n=3000, seed=1, overwrite=False):
+    return [sys.executable, "-c", _WRITER, str(n), str(seed), str(out), "1" if overwrite else "0"]
 
 
-def test_sigkill_mid_write_leaves_nothing_that_loads(tmp_path):
+def _hidden(out: Path):
+    return sorted(out.parent.glob(f".{out.name}.*"))
+
+
+def test_sigkill_after_arrays_leaves_nothing_that_loads_and_is_cleaned_up(tmp_path):
     out = tmp_path / "plan"
-    partial = _kill_while_writing(_precompute_cmd(out), out)
+    _run_writer(_writer_cmd(out), kill_at="after-arrays")
     assert not out.exists()
-    assert partial, "the kill should have left the partial directory behind"
-    for p in partial:
-        with pytest.raises(ValueError, match="incomplete plan"):
-            store.load_plan(p, 0)
+    partial = _hidden(out)
+    assert len(partial) == 1 and ".partial-" in partial[0].name
+    assert (partial[0] / "epoch-0000" / "entry_sample.npy").stat().st_size > store.HEADER_BYTES
+    with pytest.raises(ValueError, match="incomplete plan"):
+        store.load_plan(partial[0], 0)
+    with pytest.raises(ValueError, match="no plan directory"):
+        store.load_plan(out, 0)
+    assert [h["path"] for h in store.hidden_dirs(out)] == partial
+    # the next writer removes what the killed one (same host, dead process) left
+    store.save_plan(_small_plan(500, 2), out)
+    assert _hidden(out) == []
+    assert_same_plan(store.load_plan(out, 0)[0], _small_plan(500, 2))
 
 
-def test_sigkill_during_overwrite_keeps_the_old_plan(setup, tmp_path):
+def test_sigkill_after_manifest_before_rename(tmp_path):
     out = tmp_path / "plan"
-    store.save_plan(setup[4][0], out)
-    _kill_while_writing(_precompute_cmd(out, ["--overwrite"]), out)
-    q, _ = store.load_plan(out, 0)  # the old plan, intact and verified
-    assert_same_plan(q, setup[4][0])
+    old = _small_plan(500, 2)
+    store.save_plan(old, out)
+    _run_writer(_writer_cmd(out, overwrite=True), kill_at="after-manifest")
+    assert_same_plan(store.load_plan(out, 0)[0], old)
+    store.save_plan(old, out, overwrite=True)
+    assert _hidden(out) == []
+
+
+@pytest.mark.parametrize("no_exchange", [False, True])
+def test_sigkill_between_the_renames_of_an_overwrite(tmp_path, no_exchange):
+    """Killed at the commit of an overwrite: the old or the new plan loads at --out. With an
+    atomic exchange (Linux renameat2) there is no gap; with two plain renames (no exchange) the
+    old plan, moved aside, is read from its hidden name and the next writer puts it back."""
+    out = tmp_path / "plan"
+    old, new = _small_plan(500, 2), _small_plan(3000, 1)
+    store.save_plan(old, out)
+    point = "between-renames" if no_exchange else "after-rename"
+    if not no_exchange and not store.exchange_supported(tmp_path):
+        pytest.skip("no atomic directory exchange on this file system")
+    _run_writer(_writer_cmd(out, overwrite=True), kill_at=point, no_exchange=no_exchange)
+    got = store.load_plan(out, 0)[0]
+    assert_same_plan(got, old if no_exchange else new)
+    assert _hidden(out)  # what the killed writer left, reported ...
+    assert all(h["owner_alive"] is False for h in store.hidden_dirs(out))
+    # ... and cleaned up by the next writer (which first restores the old plan if it must)
+    with pytest.raises(FileExistsError):
+        store.save_plan(new, out)
+    assert out.is_dir() and _hidden(out) == []
+    assert_same_plan(store.load_plan(out, 0)[0], old if no_exchange else new)
+
+
+def test_precompute_sigkill_during_overwrite_keeps_a_plan(tmp_path):
+    out = tmp_path / "plan"
+    cmd = [sys.executable, "-m", "balancer", "precompute", "--lengths", "wikipedia",
+           "--samples", "20000", "--capacity", "32768", "--dp", "2", "--microbatches", "2",
+           "--strategies", "sequential", "--over-length", "chunk", "--window-samples", "5000",
+           "--no-progress", "--out", str(out)]
+    _run_writer(cmd)
+    before = store.load_plan(out, 0)[0]
+    for point in ("after-arrays", "after-manifest", "between-renames"):
+        _run_writer(cmd + ["--overwrite", "--seed", "5"], kill_at=point, no_exchange=True)
+        assert_same_plan(store.load_plan(out, 0)[0], before)
+    r = _run_writer([sys.executable, "-m", "balancer", "inspect", str(out), "--no-verify"])
+    assert "left by interrupted writes" in r.stderr
+    _run_writer(cmd + ["--overwrite", "--seed", "5"])
+    assert _hidden(out) == []
+    assert store.load_manifest(out)["config"]["seed"] == 5
+
+
+# ---- --overwrite replaces only a plan store -------------------------------------------------
+def test_overwrite_refuses_what_is_not_a_plan(setup, tmp_path):
+    plan = setup[4][0]
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "todo.txt").write_text("keep me")
+    (notes / "sub" / "x.txt").write_text("me too")
+    with pytest.raises(ValueError, match=r"notes.*not a plan directory.*refus"):
+        store.save_plan(plan, notes, overwrite=True)
+    assert (notes / "todo.txt").read_text() == "keep me" and (notes / "sub" / "x.txt").exists()
+    f = tmp_path / "file.txt"
+    f.write_text("data")
+    with pytest.raises(ValueError, match=r"file.txt.*not a directory"):
+        store.save_plan(plan, f, overwrite=True)
+    assert f.read_text() == "data"
+    # a plan directory a user added files to is not replaced either: the file is named
+    p = store.save_plan(plan, tmp_path / "plan")
+    (p / "my-notes.md").write_text("results")
+    with pytest.raises(ValueError, match=r"my-notes.md.*not part of a plan"):
+        store.save_plan(plan, p, overwrite=True)
+    (p / "my-notes.md").unlink()
+    (p / "epoch-0000" / "extra.npy").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"extra.npy.*not part of a plan"):
+        store.save_plan(plan, p, overwrite=True)
+    (p / "epoch-0000" / "extra.npy").unlink()
+    link = tmp_path / "link"
+    link.symlink_to(p)
+    with pytest.raises(ValueError, match=r"link.*symbolic link"):
+        store.save_plan(plan, link, overwrite=True)
+    assert not _hidden(notes) and not _hidden(p) and not _hidden(f)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    store.save_plan(plan, empty, overwrite=True)  # an empty directory holds nothing to lose
+    store.save_plan(plan, p, overwrite=True)
+    assert_same_plan(store.load_plan(p, 0)[0], plan)
+    assert not _hidden(p)
+
+
+# ---- the manifest: confined paths, sealed content, invariants, schema ----------------------
+def _edit(saved, fn, reseal=True):
+    m = json.loads((saved / "manifest.json").read_text())
+    fn(m)
+    if reseal:
+        m[store.MANIFEST_DIGEST_KEY] = store.manifest_digest(m)
+    (saved / "manifest.json").write_text(json.dumps(m))
+
+
+def test_manifest_paths_are_confined_to_the_plan(saved, tmp_path):
+    secret = tmp_path / "secret.npy"
+    secret.write_bytes(b"\x93NUMPY outside the plan " * 41)
+    size = str(secret.stat().st_size)
+    rel = os.path.relpath(secret, saved / "epoch-0000")
+    for bad in (rel, str(secret), "../../secret.npy", "sub/../mb_fwd.npy"):
+        _edit(saved, lambda m: m["epochs"][0]["arrays"]["mb_fwd"].update(file=bad))
+        for verify in (True, False):
+            with pytest.raises(ValueError, match=r"'mb_fwd'.*not a file name inside the plan"
+                               ) as e:
+                store.load_plan(saved, 0, verify=verify)
+            assert size not in str(e.value) and "bytes" not in str(e.value)
+    _edit(saved, lambda m: m["epochs"][0]["arrays"]["mb_fwd"].update(file="mb_fwd.npy"))
+    store.load_plan(saved, 0)
+    for bad in ("..", "/tmp", "../plan/epoch-0000", ""):
+        _edit(saved, lambda m: m["epochs"][1].update(dir=bad))
+        with pytest.raises(ValueError, match=r"epoch 1.*not a directory name inside the plan"):
+            store.load_plan(saved, 1)
+    _edit(saved, lambda m: m["epochs"][1].update(dir="epoch-0001"))
+    f = saved / "epoch-0000" / "mb_bwd.npy"
+    f.unlink()
+    f.symlink_to(secret)
+    with pytest.raises(ValueError, match=r"mb_bwd.npy.*symbolic link.*refused") as e:
+        store.load_plan(saved, 0, verify=False)
+    assert size not in str(e.value)
+    d = saved / "epoch-0002"
+    d.rename(tmp_path / "away")
+    d.symlink_to(tmp_path / "away")
+    with pytest.raises(ValueError, match=r"epoch-0002.*symbolic link.*refused"):
+        store.load_plan(saved, 2)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m["layout"].update(capacity=m["layout"]["capacity"] // 2),
+    lambda m: m["layout"].update(microbatches=1),
+    lambda m: m["config"].update(seed=12345),
+    lambda m: m["dataset"].update(n_samples=10),
+])
+def test_manifest_edits_are_detected(saved, edit):
+    _edit(saved, edit, reseal=False)
+    for verify in (True, False):
+        with pytest.raises(ValueError, match=r"manifest.json.*edited.*manifest_sha256"):
+            store.load_manifest(saved) if verify else store.load_plan(saved, 0, verify=False)
+
+
+def test_resealed_manifest_is_checked_against_the_arrays(saved):
+    cap = store.load_manifest(saved)["layout"]["capacity"]
+    _edit(saved, lambda m: m["layout"].update(capacity=cap // 2))
+    with pytest.raises(ValueError, match=rf"microbatches exceed the capacity {cap // 2}"):
+        store.load_plan(saved, 0)
+    _edit(saved, lambda m: m["layout"].update(capacity=cap, microbatches=1))
+    with pytest.raises(ValueError, match=r"step_mbs.*2 microbatches per rank.*microbatches=1"):
+        store.load_plan(saved, 0, verify=False)
+    _edit(saved, lambda m: m["layout"].update(microbatches=2, dp=2))
+    with pytest.raises(ValueError, match=r"epoch 0 is inconsistent"):
+        store.load_plan(saved, 0, verify=False)
+    _edit(saved, lambda m: m["layout"].update(dp=4))
+    store.load_plan(saved, 0)
+    _edit(saved, lambda m: m["dataset"].update(n_samples=5000))
+    with pytest.raises(ValueError,
+                       match=r"out of range \(first: sample 5\d\d\d.*samples are 0..4999"):
+        store.load_plan(saved, 0)
+    _edit(saved, lambda m: m["dataset"].update(n_samples=6001))
+    with pytest.raises(ValueError, match=r"1 samples .* not in the plan \(first: sample 6000\)"):
+        store.load_plan(saved, 0)
+    _edit(saved, lambda m: m["dataset"].update(n_samples=6000))
+    tok = store.load_manifest(saved)["dataset"]["total_tokens"]
+    _edit(saved, lambda m: m["epochs"][0]["summary"].update(tokens=123))
+    with pytest.raises(ValueError, match=r"summary.tokens 123.*arrays hold"):
+        store.load_plan(saved, 0)
+    _edit(saved, lambda m: m["epochs"][0]["summary"].update(steps=1))
+    with pytest.raises(ValueError, match=r"summary.steps 1"):
+        store.load_plan(saved, 0, verify=False)
+    assert tok is None or tok > 0
+
+
+def test_missing_keys_and_wrong_types_are_clear_errors(saved):
+    cases = [
+        (lambda m: m.pop("layout"), r"manifest key 'layout' is missing"),
+        (lambda m: m["dataset"].pop("n_samples"), r"'dataset.n_samples' is missing"),
+        (lambda m: m["dataset"].update(n_samples="6000"), r"'dataset.n_samples' is str"),
+        (lambda m: m.update(epochs={}), r"'epochs' is dict.*expected list"),
+        (lambda m: m["epochs"][1]["arrays"]["mb_fwd"].pop("sha256"),
+         r"'epochs\[1\].arrays.mb_fwd.sha256' is missing"),
+        (lambda m: m["epochs"][0]["arrays"]["mb_step"].update(shape=[None]),
+         r"'epochs\[0\].arrays.mb_step.shape'"),
+        (lambda m: m["epochs"][0].update(epoch="0"), r"'epochs\[0\].epoch' is str"),
+        (lambda m: m["layout"].update(dp="four"), r"'layout' is invalid.*dp"),
+        (lambda m: m["epochs"][2]["arrays"].pop("step_mbs"),
+         r"'epochs\[2\].arrays.step_mbs' is missing"),
+    ]
+    for fn, msg in cases:
+        m0 = (saved / "manifest.json").read_text()
+        _edit(saved, fn)
+        with pytest.raises(ValueError, match=msg):
+            store.load_plan(saved, 0)
+        (saved / "manifest.json").write_text(m0)
+    store.load_plan(saved, 2)
 
 
 def test_sampler_reads_a_plan_directory(tmp_path):
