@@ -198,3 +198,21 @@ def test_cli_dataset_sources(tmp_path):
         assert m["dataset"] == {"fingerprint": want, "n_samples": 300,
                                 "total_tokens": int(lengths.sum())}
         assert Path(out).is_dir()
+
+
+def test_cli_overwrite_refuses_a_directory_that_is_not_a_plan(samples, tmp_path, capsys):
+    npy = tmp_path / "lengths.npy"
+    np.save(npy, samples.lengths[:500])
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "sub" / "keep.txt").write_text("mine")
+    args = ["precompute", "--lengths", str(npy), "--capacity", "8192", "--no-progress",
+            "--over-length", "chunk",
+            "--overwrite", "--out"]
+    assert main(args + [str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert str(notes) in err and "not a plan directory" in err and "refusing" in err
+    assert (notes / "sub" / "keep.txt").read_text() == "mine"
+    out = tmp_path / "plan"
+    assert main(args + [str(out)]) == 0 and main(args + [str(out)]) == 0
+    assert not list(tmp_path.glob(".*"))
