@@ -249,7 +249,8 @@ def _load_stored_plan(path: str, epoch: int = 0):
         raise ValueError(f"--plan {path}: reading stored plans needs balancer.store (the "
                          f"precompute module), which this installation does not have yet; "
                          f"report the workload with --lengths instead") from None
-    return store.load_plan(path, epoch) if epoch else store.load_plan(path)
+    # the report diagnoses coverage and capacity itself: load a broken plan to show it
+    return store.load_plan(path, epoch or 0, check_plan=False)
 
 
 def _manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:

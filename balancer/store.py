@@ -747,12 +747,13 @@ def _open_array(f: Path, name: str, info: dict) -> np.ndarray:
 
 
 def load_arrays(path, epoch: int = 0, *, verify: bool = True,
-                manifest: Optional[dict] = None) -> dict:
+                manifest: Optional[dict] = None, check_plan: bool = True) -> dict:
     """Every stored array of ``epoch``, memory-mapped read-only (name -> array). Paths are
     confined to the plan directory; sizes, headers and the O(steps + microbatches) invariants
     are always checked; ``verify`` also checks every array's SHA-256 (reads the files once,
     hashing arrays in parallel threads) and the O(entries) invariants: capacity, coverage of
-    every sample, token counts."""
+    every sample, token counts. ``check_plan=False`` skips those invariants (not the hashes):
+    for diagnosing a broken plan (``report --plan``), never for training from it."""
     path = resolve_plan_dir(path)
     manifest = manifest if manifest is not None else load_manifest(path)
     check_compatible(manifest)
@@ -772,7 +773,7 @@ def load_arrays(path, epoch: int = 0, *, verify: bool = True,
                 raise ValueError(f"{files[name]}: SHA-256 of {name!r} differs from "
                                  f"the manifest (the array was edited or corrupted)")
     _check_structure(arrays, manifest, epoch)
-    _check_against_manifest(arrays, manifest, ent, epoch, full=verify)
+    _check_against_manifest(arrays, manifest, ent, epoch, full=verify and check_plan)
     return arrays
 
 
@@ -873,12 +874,15 @@ def _check_against_manifest(a: dict, manifest: dict, ent: dict, epoch: int,
                              f"left over), the dataset has total_tokens={int(total)}")
 
 
-def load_plan(path, epoch: int = 0, *, verify: bool = True) -> tuple[Plan, dict]:
+def load_plan(path, epoch: int = 0, *, verify: bool = True,
+              check_plan: bool = True) -> tuple[Plan, dict]:
     """The stored plan of ``epoch`` (arrays memory-mapped) and the manifest. Raises ValueError
-    on a missing manifest or array, a wrong format version, a size/header/hash mismatch."""
+    on a missing manifest or array, a wrong format version, an edited manifest, a path outside
+    the plan directory, a size/header/hash mismatch, or arrays that break the manifest's
+    invariants (see :func:`load_arrays`)."""
     path = resolve_plan_dir(path)
     manifest = load_manifest(path)
-    a = load_arrays(path, epoch, verify=verify, manifest=manifest)
+    a = load_arrays(path, epoch, verify=verify, manifest=manifest, check_plan=check_plan)
     ent = _epoch_entry(manifest, epoch)
     ds = manifest["dataset"]
     plan = Plan(layout=Layout.model_validate(manifest["layout"]),
