@@ -25,9 +25,14 @@ class SampleTable:
     extras: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        lengths = as_sizes(self.lengths)
+        given = self.lengths
+        lengths = as_sizes(given)
         if lengths.shape[0] == 0:
             raise ValueError("the dataset is empty: no samples to plan")
+        if isinstance(given, np.ndarray) and np.may_share_memory(lengths, given):
+            # never change (or alias writeable memory of) an array the caller still owns: a
+            # writeable one is copied, a read-only one (a memory map) shared through our own view
+            lengths = lengths.copy() if lengths.flags.writeable else lengths.view(np.ndarray)
         lengths.setflags(write=False)
         object.__setattr__(self, "lengths", lengths)
 
@@ -50,7 +55,7 @@ class SampleTable:
     @classmethod
     def from_npy(cls, path: str | os.PathLike) -> "SampleTable":
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        return cls(np.asarray(arr))
+        return cls(as_sizes(arr, source=os.fspath(path)))
 
     @classmethod
     def from_dataset(cls, ds, length_column: str | None = "length",

@@ -83,7 +83,8 @@ def load(name_or_path: str, n: int | None = None, seed: int = 0) -> np.ndarray:
     or synthesises that many samples."""
     p = Path(name_or_path)
     if p.suffix == ".npy" and p.is_file():
-        arr = np.load(p, allow_pickle=False).astype(np.int64)
+        from packing.validate import as_sizes  # the one check of lengths (API and CLI alike)
+        arr = as_sizes(np.load(p, allow_pickle=False), source=str(p))
     elif name_or_path in SYNTHETIC:
         return synthetic(name_or_path, n or 200_000, seed)
     else:
