@@ -9,18 +9,46 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .calibration import PASSES, Observations, calibrate, write_preset
 from .cli import command
 from .cost import config_dir
 
 
 def _load(path: str) -> tuple[Observations, Observations | None]:
-    doc = json.loads(Path(path).read_text())
-    if "fit_observations" in doc:
-        held = doc.get("held_out_observations")
-        return (Observations.from_json(doc["fit_observations"]),
-                Observations.from_json(held) if held else None)
-    return Observations.from_json(doc), None
+    """The observations of a JSON file; every problem is a one-line ValueError naming it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the observations ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    try:
+        if "fit_observations" in doc:
+            held = doc.get("held_out_observations")
+            out = (Observations.from_json(doc["fit_observations"]),
+                   Observations.from_json(held) if held else None)
+        else:
+            out = Observations.from_json(doc), None
+    except KeyError as e:
+        raise ValueError(f"{path}: missing key {e.args[0]!r} (need microbatches, "
+                         f"{', '.join(PASSES)})") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    for obs in out:
+        if obs is None:
+            continue
+        for k in PASSES:
+            t = obs.seconds[k]
+            bad = np.flatnonzero(~np.isfinite(t) | (t <= 0))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"{path}: {k} time of microbatch {i} is {float(t[i])!r}; "
+                                 f"times must be finite and positive (seconds)")
+    return out
 
 
 def _args(p):

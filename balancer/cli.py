@@ -93,7 +93,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         return args._run(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # bad input: one line naming the file / flag / sample
+        msg = " ".join(str(e).split("\n"))
+        print(f"error: {msg}", file=sys.stderr)
         return 2
 

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from pydantic import ValidationError
+
+from packing.validate import MAX_LENGTH
+
 from . import strategies
 from .config import Layout, PlannerConfig
 from .cost import CostModel, load_cost_model
+
+#: Layout / PlannerConfig field -> the flag that sets it (for one-line errors naming the flag)
+FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
+         "microbatches": "--microbatches", "global_batch_tokens": "--global-batch-tokens",
+         "global_batch_samples": "--global-batch-samples", "max_delay": "--max-delay",
+         "max_advance": "--max-advance", "seed": "--seed", "over_length": "--over-length",
+         "tail": "--tail"}
 
 DEFAULT_STRATEGIES = ("sequential", "ffd_tokens", "kk_tokens", "balanced")
 
@@ -50,13 +61,33 @@ def parse_strategies(text: str) -> list[str]:
     return names
 
 
+def flag_errors(e: ValidationError) -> str:
+    """A Layout / PlannerConfig ValidationError as one line naming the flags and values."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if loc:
+            parts.append(f"{FLAGS.get(loc, loc)} {err.get('input')!r}: {msg}")
+        else:
+            parts.append(msg)
+    return "; ".join(parts)
+
+
 def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
+    samples = getattr(args, "samples", None)
+    if samples is not None and not 1 <= samples <= MAX_LENGTH:
+        raise ValueError(f"--samples {samples}: must be between 1 and 2**40 ({MAX_LENGTH})")
     cost = load_cost_model(args.cost_model)
     capacity = args.capacity if args.capacity is not None else cost.capacity(args.cp, args.pp)
-    layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
-                    capacity=capacity)
-    config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
-                           global_batch_samples=args.global_batch_samples,
-                           max_delay=args.max_delay, max_advance=getattr(args, "max_advance", None),
-                           over_length=args.over_length, tail=args.tail)
+    try:
+        layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
+                        capacity=capacity)
+        config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
+                               global_batch_samples=args.global_batch_samples,
+                               max_delay=args.max_delay,
+                               max_advance=getattr(args, "max_advance", None),
+                               over_length=args.over_length, tail=args.tail)
+    except ValidationError as e:
+        raise ValueError(flag_errors(e)) from None
     return cost, layout, config

@@ -7,19 +7,36 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from packing.validate import MAX_LENGTH, MAX_STEP_TOKENS
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: bound of the counts (ranks, microbatches, steps of delay): values feed int64 arithmetic
+MAX_COUNT = 2 ** 20
 
 
 class Layout(BaseModel):
     """How one training step is spread over GPUs."""
 
     model_config = _FROZEN
-    dp: int = Field(1, ge=1, description="data-parallel replicas (each runs its own microbatches)")
-    pp: int = Field(1, ge=1, description="pipeline stages; every microbatch visits all of them")
-    cp: int = Field(1, ge=1, description="context-parallel ranks sharing one microbatch")
-    microbatches: int = Field(1, ge=1, description="microbatches per DP rank per step")
-    capacity: int = Field(gt=0, description="tokens per microbatch (whole CP group, CP padding "
-                                            "included)")
+    dp: int = Field(1, ge=1, le=MAX_COUNT,
+                    description="data-parallel replicas (each runs its own microbatches)")
+    pp: int = Field(1, ge=1, le=MAX_COUNT,
+                    description="pipeline stages; every microbatch visits all of them")
+    cp: int = Field(1, ge=1, le=MAX_COUNT,
+                    description="context-parallel ranks sharing one microbatch")
+    microbatches: int = Field(1, ge=1, le=MAX_COUNT,
+                              description="microbatches per DP rank per step")
+    capacity: int = Field(gt=0, le=MAX_LENGTH, description="tokens per microbatch (whole CP "
+                                                           "group, CP padding included)")
+
+    @model_validator(mode="after")
+    def _step_fits(self):
+        step = self.dp * self.microbatches * self.capacity
+        if step > MAX_STEP_TOKENS:
+            raise ValueError(f"dp x microbatches x capacity = {self.dp} x {self.microbatches} x "
+                             f"{self.capacity} = {step} tokens per step exceeds the limit "
+                             f"2**52 ({MAX_STEP_TOKENS})")
+        return self
 
     @property
     def microbatches_per_step(self) -> int:
@@ -31,15 +48,17 @@ class PlannerConfig(BaseModel):
 
     model_config = _FROZEN
     strategy: str = Field("balanced", description="packing strategy name (see strategies)")
-    seed: int = Field(0, description="seed of the per-epoch shuffle")
+    seed: int = Field(0, ge=0, le=2 ** 63 - 1, description="seed of the per-epoch shuffle")
     shuffle: bool = Field(True, description="shuffle samples each epoch (seed, epoch)")
     global_batch_tokens: Optional[int] = Field(
-        None, gt=0, description="tokens taken per step; default dp x microbatches x capacity")
+        None, gt=0, le=MAX_STEP_TOKENS,
+        description="tokens taken per step; default dp x microbatches x capacity")
     global_batch_samples: Optional[int] = Field(
-        None, gt=0, description="samples taken per step instead of a token budget")
-    max_delay: int = Field(4, ge=1, description="most steps a sample may wait after it is read")
+        None, gt=0, le=MAX_LENGTH, description="samples taken per step instead of a token budget")
+    max_delay: int = Field(4, ge=1, le=MAX_COUNT,
+                           description="most steps a sample may wait after it is read")
     max_advance: Optional[int] = Field(
-        None, ge=0, description="most steps `balanced` may read a heavy sample before its turn "
+        None, ge=0, le=MAX_COUNT, description="most steps `balanced` may read a heavy sample before its turn "
                                 "to meet partners of similar cost (default: 3 x max_delay; 0 = "
                                 "only delay, as WLB-LLM)")
     over_length: Literal["error", "chunk"] = Field(
@@ -52,10 +71,10 @@ class PlannerConfig(BaseModel):
         "auto", description="what `balanced` equalises: every microbatch (needed with pp > 1), "
                             "or only per-rank sums; auto picks microbatch when pp > 1 or dp == 1")
     lookahead: bool = Field(True, description="let the outlier scheduler see arriving samples")
-    lump_tolerance: float = Field(0.02, gt=0, description="excess cost, as a fraction of a "
+    lump_tolerance: float = Field(0.02, gt=0, allow_inf_nan=False, description="excess cost, as a fraction of a "
                                   "unit's typical cost, above which a sample is scheduled")
     window_samples: Optional[int] = Field(
-        None, gt=0, description="plan the epoch in independent windows of this many items (delay "
+        None, gt=0, le=MAX_LENGTH, description="plan the epoch in independent windows of this many items (delay "
                                 "queues flush at window ends), so windows can be planned in "
                                 "parallel with a result identical to a serial run; None = one "
                                 "window")

@@ -17,15 +17,59 @@ import os
 from pathlib import Path
 from typing import Literal, Optional
 
+import math
+
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from packing.validate import as_sizes
+from packing.validate import MAX_LENGTH, as_sizes
 
 from . import resources
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: every float of a cost model must be finite (no inf / NaN: they would reach the planner's sums
+#: and the manifest as ``Infinity``)
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+#: bound of every integer size of an analytic model (hidden, layers, heads, ffn, vocab, ...)
+MAX_DIM = 2 ** 24
+
+
+def read_yaml(path, what: str = "file") -> dict:
+    """The top-level mapping of a YAML file read with ``yaml.safe_load``; a syntax error, a tag
+    that safe_load refuses (``!!python/...``) or a non-mapping document raise a one-line
+    ValueError naming the file, the line and the column."""
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except yaml.constructor.ConstructorError as e:
+        raise ValueError(f"{path}: not plain YAML{_mark(e)}: {e.problem} (only plain YAML is "
+                         f"read, with yaml.safe_load; remove the tag)") from None
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{_mark(e)}: {problem}") from None
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a {what} must be a mapping, got {type(doc).__name__}")
+    return doc
+
+
+def _mark(e) -> str:
+    m = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f" (line {m.line + 1}, column {m.column + 1})" if m is not None else ""
+
+
+def one_line(e: ValidationError, names: Optional[dict] = None) -> str:
+    """A pydantic ValidationError as one line: ``field: message (got value)`` per error, with
+    field names optionally mapped (e.g. to CLI flags)."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        loc = (names or {}).get(loc, loc)
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(
+            err["input"], dict) else ""
+        parts.append(f"{loc}: {msg}{got}" if loc else f"{msg}")
+    return "; ".join(parts)
 
 
 class PassCost(BaseModel):
@@ -41,7 +85,8 @@ class PassCost(BaseModel):
 
     def doc(self, lengths: np.ndarray) -> np.ndarray:
         lf = lengths.astype(np.float64)
-        out = self.a * lf * lf + self.b * lf
+        with np.errstate(over="ignore"):  # an overflow is reported by CostModel.doc_costs
+            out = self.a * lf * lf + self.b * lf
         if self.d:
             out += self.d
         return out
@@ -51,13 +96,15 @@ class ModelSpec(BaseModel):
     """A decoder-only transformer, enough to count its FLOPs and activation memory."""
 
     model_config = _FROZEN
-    hidden: int = Field(gt=0, description="model width d_model")
-    layers: int = Field(gt=0, description="number of transformer blocks")
-    heads: int = Field(gt=0, description="attention (query) heads")
-    kv_heads: Optional[int] = Field(None, gt=0, description="key/value heads (GQA); default heads")
-    ffn: int = Field(gt=0, description="MLP inner width")
-    vocab: int = Field(gt=0, description="vocabulary size (LM head)")
-    head_dim: Optional[int] = Field(None, gt=0, description="per-head width; default hidden/heads")
+    hidden: int = Field(gt=0, le=MAX_DIM, description="model width d_model")
+    layers: int = Field(gt=0, le=MAX_DIM, description="number of transformer blocks")
+    heads: int = Field(gt=0, le=MAX_DIM, description="attention (query) heads")
+    kv_heads: Optional[int] = Field(None, gt=0, le=MAX_DIM,
+                                    description="key/value heads (GQA); default heads")
+    ffn: int = Field(gt=0, le=MAX_DIM, description="MLP inner width")
+    vocab: int = Field(gt=0, le=2 ** 32, description="vocabulary size (LM head)")
+    head_dim: Optional[int] = Field(None, gt=0, le=MAX_DIM,
+                                    description="per-head width; default hidden/heads")
     gated_mlp: bool = Field(True, description="SwiGLU-style MLP with 3 matrices instead of 2")
 
     @model_validator(mode="after")
@@ -115,7 +162,8 @@ class MemoryModel(BaseModel):
         if free <= 0:
             raise ValueError(f"fixed memory {self.fixed_bytes / pp:.3g} B per stage exceeds the "
                              f"device {self.device_bytes:.3g} B")
-        return int(free // (self.bytes_per_token / pp)) * int(cp)
+        # a memory bound above the largest supported capacity is no bound: clip it there
+        return min(int(free // (self.bytes_per_token / pp)) * int(cp), MAX_LENGTH)
 
 
 class CostModel(BaseModel):
@@ -140,7 +188,19 @@ class CostModel(BaseModel):
         bwd = self.backward.doc(lengths)
         if self.recompute:
             bwd = bwd + fwd
+        if fwd.size and not math.isfinite(float(fwd.sum()) + float(bwd.sum())):
+            self._overflow(lengths, fwd, bwd)
         return fwd, bwd
+
+    def _overflow(self, lengths, fwd, bwd):
+        bad = np.flatnonzero(~np.isfinite(fwd + bwd))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"cost model {self.name!r}: sample {i} (length {int(lengths[i])}) "
+                             f"costs {float(fwd[i] + bwd[i])!r}: the coefficients are too large "
+                             f"for float64 (rescale them, e.g. to seconds)")
+        raise ValueError(f"cost model {self.name!r}: the total cost of {lengths.shape[0]} "
+                         f"documents overflows float64 (rescale the coefficients)")
 
     def doc_total(self, lengths) -> np.ndarray:
         """Forward plus backward cost per document: what the planner balances."""
@@ -177,6 +237,10 @@ class CostModel(BaseModel):
                    device_bytes: float = 80e9, fixed_bytes: Optional[float] = None,
                    flops_per_second: Optional[float] = None) -> "CostModel":
         """Analytic FLOPs and memory of one full model (a pipeline stage costs 1/pp of it)."""
+        for k, v in (("attn_backward_ratio", attn_backward_ratio),
+                     ("linear_backward_ratio", linear_backward_ratio)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{k} {v!r} must be a finite non-negative number")
         lin = spec.linear_flops_per_token()
         att = spec.attention_flops_coeff()
         if fixed_bytes is None:  # bf16 weights + grads; optimizer state sharded (ZeRO)
@@ -199,23 +263,28 @@ class CostModel(BaseModel):
     def from_yaml(cls, path: str | os.PathLike) -> "CostModel":
         """A preset file: either fitted coefficients (``forward``/``backward`` with a, b, c) or
         ``model:`` (a :class:`ModelSpec`) plus options of :meth:`from_model`."""
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path}: a cost preset must be a mapping, got {type(doc).__name__}")
+        doc = read_yaml(path, "cost preset")
         doc.setdefault("name", Path(path).stem)
-        if "model" in doc:
-            opts = dict(doc)
-            spec = ModelSpec(**opts.pop("model"))
-            allowed = {"name", "recompute", "attn_backward_ratio", "linear_backward_ratio",
-                       "device_bytes", "fixed_bytes", "flops_per_second", "description"}
-            unknown = set(opts) - allowed
-            if unknown:
-                raise ValueError(f"{path}: unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
-            opts.pop("description", None)
-            return cls.from_model(spec, **opts)
-        doc.pop("description", None)
-        return cls(**doc)
+        try:
+            if "model" in doc:
+                opts = dict(doc)
+                model = opts.pop("model")
+                if not isinstance(model, dict):
+                    raise ValueError(f"model: expected a mapping, got {type(model).__name__}")
+                spec = ModelSpec(**model)
+                allowed = {"name", "recompute", "attn_backward_ratio", "linear_backward_ratio",
+                           "device_bytes", "fixed_bytes", "flops_per_second", "description"}
+                unknown = set(opts) - allowed
+                if unknown:
+                    raise ValueError(f"unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
+                opts.pop("description", None)
+                return cls.from_model(spec, **opts)
+            doc.pop("description", None)
+            return cls(**doc)
+        except ValidationError as e:
+            raise ValueError(f"{path}: {one_line(e)}") from None
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
 def config_dir() -> Path:

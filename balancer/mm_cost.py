@@ -32,31 +32,32 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .cost import CostModel, ModelSpec, preset_path
+from .cost import MAX_DIM, CostModel, ModelSpec, one_line, preset_path, read_yaml
 from .resources import preset_names
 from .multimodal import AUDIO, MediaRules, MultimodalTable
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: floats finite (no inf / NaN), sizes bounded (MAX_DIM): see balancer.cost
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class EncoderSpec(BaseModel):
     """A bidirectional transformer encoder over one media item's positions."""
 
     model_config = _FROZEN
-    hidden: int = Field(gt=0, description="encoder width")
-    layers: int = Field(gt=0, description="encoder blocks")
-    heads: int = Field(gt=0, description="attention heads")
-    ffn: int = Field(gt=0, description="MLP inner width")
+    hidden: int = Field(gt=0, le=MAX_DIM, description="encoder width")
+    layers: int = Field(gt=0, le=MAX_DIM, description="encoder blocks")
+    heads: int = Field(gt=0, le=MAX_DIM, description="attention heads")
+    ffn: int = Field(gt=0, le=MAX_DIM, description="MLP inner width")
     gated_mlp: bool = Field(False, description="SwiGLU MLP (3 matrices) instead of 2")
-    in_dim: int = Field(gt=0, description="input features per position (patch pixels x "
-                                          "channels, or mel bins x conv width)")
-    window: Optional[int] = Field(None, gt=0, description="positions per attention window; None "
-                                                          "= full attention in every layer")
-    full_attention_layers: int = Field(0, ge=0, description="layers with full attention when "
-                                                            "windowed")
+    in_dim: int = Field(gt=0, le=MAX_DIM, description="input features per position (patch "
+                                                      "pixels x channels, or mel bins x conv "
+                                                      "width)")
+    window: Optional[int] = Field(None, gt=0, le=2 ** 40, description="positions per attention "
+                                  "window; None = full attention in every layer")
+    full_attention_layers: int = Field(0, ge=0, le=MAX_DIM, description="layers with full "
+                                                                        "attention when windowed")
     trainable: bool = Field(True, description="the encoder is trained (else backward is 0)")
     recompute: bool = Field(False, description="full activation recompute in the encoder")
 
@@ -91,9 +92,9 @@ class ProjectorSpec(BaseModel):
     """The MLP from merged encoder features to the LLM width, once per LLM token."""
 
     model_config = _FROZEN
-    in_dim: int = Field(gt=0, description="input width (merge^2 x encoder hidden)")
-    hidden: int = Field(gt=0, description="inner width")
-    out_dim: int = Field(gt=0, description="LLM hidden size")
+    in_dim: int = Field(gt=0, le=MAX_DIM, description="input width (merge^2 x encoder hidden)")
+    hidden: int = Field(gt=0, le=MAX_DIM, description="inner width")
+    out_dim: int = Field(gt=0, le=MAX_DIM, description="LLM hidden size")
 
     def flops_per_token(self) -> float:
         return 2.0 * (self.in_dim * self.hidden + self.hidden * self.out_dim)
@@ -177,15 +178,24 @@ class MMCostModel(BaseModel):
     # ---- presets ------------------------------------------------------------------------------
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> "MMCostModel":
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path}: a multimodal preset must be a mapping")
+        doc = read_yaml(path, "multimodal preset")
+        try:
+            return cls._from_doc(doc, path)
+        except ValidationError as e:
+            raise ValueError(f"{path}: {one_line(e)}") from None
+        except (ValueError, TypeError) as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith(f"{path}:") else f"{path}: {msg}") from None
+
+    @classmethod
+    def _from_doc(cls, doc: dict, path) -> "MMCostModel":
         doc.pop("description", None)
         name = doc.pop("name", Path(path).stem)
         unknown = set(doc) - {"llm", "multimodal"}
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)} (allowed: llm, multimodal)")
+        if not isinstance(doc.get("llm") or {}, dict):
+            raise ValueError(f"llm: expected a mapping, got {type(doc['llm']).__name__}")
         llm = dict(doc.get("llm") or {})
         if "model" in llm:
             spec = ModelSpec(**llm.pop("model"))
