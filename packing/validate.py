@@ -46,7 +46,8 @@ def as_sizes(sizes, name: str = "length", *, source=None, limit: int = MAX_LENGT
         finite = np.isfinite(arr)
         if not finite.all():
             i = int(np.flatnonzero(~finite)[0])
-            raise ValueError(f"{w}sample {i}: {name} {float(arr[i])!r} is not a finite number")
+            raise ValueError(f"{w}sample {i}: {name} {float(arr[i])!r} is not an integer "
+                             f"(not a finite number)")
         frac = np.flatnonzero(arr != np.floor(arr))
         if frac.size:
             i = int(frac[0])

@@ -29,8 +29,8 @@ def _compare(tmp_path, capsys, arr, *extra):
 # ---- item 5: lengths validated as loaded, one path for the CLI and the API ----------------------
 BAD_LENGTHS = [
     (np.array([100, 2792.5, 7]), r"sample 1: length 2792\.5 is not an integer"),
-    (np.array([100, np.nan]), r"sample 1: length nan is not a finite number"),
-    (np.array([100, np.inf]), r"sample 1: length inf is not a finite number"),
+    (np.array([100, np.nan]), r"sample 1: length nan is not an integer \(not a finite number\)"),
+    (np.array([100, np.inf]), r"sample 1: length inf is not an integer \(not a finite number\)"),
     (np.array(["12", "7"]), r"lengths must be integers, got dtype <U2 \(sample 0: '12'\)"),
     (np.array([3 + 0j, 4 + 1j]), r"lengths must be integers, got dtype complex128"),
     (np.array([True, False]), r"lengths must be integers, got dtype bool"),
