@@ -139,8 +139,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
             now = _grow(now, np_)
             for q in range(nls):
                 now[ls[q]] = pos >= n
+            # every look-ahead lump is re-planned (or, once the stream is fully read, already
+            # in the pool and counted there): pulls of an earlier round must not count twice
+            npull = 0
             if pos < n:
-                npull = 0
                 nl = 0
                 need_cap = nls + nf - f0 + 1  # pending lumps plus every look-ahead one
                 if need_cap > lex.shape[0]:

@@ -87,7 +87,11 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         # end of the intake (it stays unread) when lumps arriving with it overfill the step
         n_old = pool.shape[0]
         for it in range(4):
-            now = schedule(pool, arr, pos) if pos < n else np.ones(pool.shape[0], bool)
+            if pos < n:
+                now = schedule(pool, arr, pos)
+            else:  # every lump is in the pool and goes now; no look-ahead lump is left to pull
+                now = np.ones(pool.shape[0], bool)
+                pull[0], pull[1] = np.zeros(0, np.int64), np.zeros(0, np.int64)
             go = ~is_lump[pool] | now | (step - arr >= max_delay)
             pull_w = int(w[pull[0]].sum())  # look-ahead lumps read now take room too
             emit_w = int(w[pool[go]].sum()) + pull_w

@@ -86,3 +86,28 @@ def test_overdue_lump_holds_room_in_the_schedule():
     for f in a._fields:
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
     assert np.array_equal(np.sort(a.entry_item), np.arange(sizes.shape[0]))
+
+
+def _one_batch(wlbllm, seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.choice(wlbllm, 2048).astype(np.int64)
+    cap = 131072
+    m = int(-(-sizes.sum() // (64 * cap)))  # enough microbatches to hold them
+    costs = 3 * (sizes + sizes.astype(float) ** 2 / 65536)
+    return sizes, costs, cap, m
+
+
+def test_one_global_batch_planned_alone_stays_one_step(wlbllm):
+    # Regression (issue #13 item 10): once the intake has read the whole stream, the look-ahead
+    # lumps scheduled for reading ahead were already in the pool and were counted a second
+    # time, so the step looked overfull and the give-back moved samples into a second step.
+    for seed in range(8):
+        sizes, costs, cap, m = _one_batch(wlbllm, seed)
+        for adv in (12, 0):
+            kw = dict(max_advance=adv, tail="partial", pp=1)
+            a = plan_balanced(sizes, costs, 64, m, cap, 64 * m * cap, 4, **kw)
+            assert a.step_mbs.shape[0] == 1, (seed, adv, a.step_mbs)
+            assert np.array_equal(np.sort(a.entry_item), np.arange(2048))
+            b = naive_balanced.plan_balanced(sizes, costs, 64, m, cap, 64 * m * cap, 4, **kw)
+            for f in a._fields:
+                assert np.array_equal(getattr(a, f), getattr(b, f)), (seed, f)
