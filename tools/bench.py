@@ -37,12 +37,15 @@ SUITE = [
 ]
 
 
-def speed(n: int, dp: int, m: int, capacity: int, repeats: int) -> dict:
-    """Plan time of every strategy for n resampled wikipedia samples next to a numpy argsort of
-    the same array (the floor for any sort-based packer), best of ``repeats``."""
-    lengths = workloads.load("wikipedia", n=n, seed=1)
+def speed(n: int, dp: int, m: int, capacity: int, repeats: int,
+          cost_model: str = "quadratic-64k") -> dict:
+    """Plan time of every strategy for n resampled wikipedia samples next to numpy's default
+    ``np.argsort`` of the same int64 array (introsort, SIMD-accelerated where the CPU allows: the
+    fastest floor for any sort-based packer). The cost model changes the time (more samples are
+    heavy under a steeper quadratic term), so it is named in the output."""
+    lengths = np.ascontiguousarray(workloads.load("wikipedia", n=n, seed=1), dtype=np.int64)
     samples = SampleTable(lengths)
-    cost = load_cost_model("quadratic-64k")
+    cost = load_cost_model(cost_model)
     layout = Layout(dp=dp, microbatches=m, capacity=capacity)
     config = PlannerConfig(over_length="chunk")
     names = cli_args.DEFAULT_STRATEGIES
@@ -60,8 +63,9 @@ def speed(n: int, dp: int, m: int, capacity: int, repeats: int) -> dict:
             sorts.append(t_sort)
             times[s].append(t)
             ratios[s].append(t / t_sort)
-    out = {"samples": n, "layout": layout.model_dump(), "argsort_seconds": float(np.median(sorts)),
-           "strategies": {}}
+    out = {"samples": n, "layout": layout.model_dump(), "cost_model": cost_model,
+           "argsort": "np.argsort(int64 lengths), numpy default kind",
+           "numpy": np.__version__, "argsort_seconds": float(np.median(sorts)), "strategies": {}}
     for s in names:
         out["strategies"][s] = {"plan_seconds": float(np.median(times[s])),
                                 "plan_seconds_min": float(min(times[s])),
@@ -101,8 +105,13 @@ def main(argv=None) -> int:
     cli_args.add_workload_args(p)
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--repeats", type=int, default=3, help="timing repeats (best is kept)")
+    p.add_argument("--no-suite", action="store_true",
+                   help="skip the built-in workload suite (run only the speed/memory sections)")
     p.add_argument("--speed-samples", type=int, default=1_000_000,
                    help="samples for the speed comparison (0 skips it)")
+    p.add_argument("--speed-cost-model", default="quadratic-64k",
+                   help="cost model of the speed comparison (preset name or YAML; named in the "
+                        "output: the ratio depends on it)")
     p.add_argument("--memory-samples", type=int, default=0,
                    help="samples for the peak-memory measurement (0 skips it; try 10000000)")
     args = p.parse_args(argv)
@@ -118,7 +127,7 @@ def main(argv=None) -> int:
         results.append(res)
     else:
         cost = load_cost_model(args.cost_model)
-        for title, wl, n, lay, cfg in SUITE:
+        for title, wl, n, lay, cfg in ([] if args.no_suite else SUITE):
             try:
                 lengths = workloads.load(wl, n=n, seed=args.seed)
             except ValueError as e:
@@ -133,10 +142,10 @@ def main(argv=None) -> int:
             print(f"\n== {title}\n" + format_table(res), flush=True)
             results.append(res)
         if args.speed_samples:
-            sp = speed(args.speed_samples, 64, 4, 32768, args.repeats)
-            print(f"\n== speed: {sp['samples']:,} wikipedia samples, 64 DP x 4 microbatches, 32K "
-                  f"(argsort of the lengths, median: {sp['argsort_seconds']:.3f} s; median of paired "
-                  f"ratios)")
+            sp = speed(args.speed_samples, 64, 4, 32768, args.repeats, args.speed_cost_model)
+            print(f"\n== speed: {sp['samples']:,} wikipedia samples, 64 DP x 4 microbatches, 32K, "
+                  f"cost model {sp['cost_model']} (numpy {sp['numpy']} default np.argsort of the "
+                  f"int64 lengths, median: {sp['argsort_seconds']:.3f} s; median of paired ratios)")
             for s, v in sp["strategies"].items():
                 print(f"{s:<11} {v['plan_seconds']:7.3f} s  = {v['ratio_to_argsort']:5.2f} x argsort")
             results.append({"speed": sp})
