@@ -115,11 +115,18 @@ class PackedDataset(torch.utils.data.Dataset):
         starts = getattr(ref, "starts", None)
         if starts is None:  # a plain list of sample ids: whole samples
             return FetchedMicrobatch(ref, rows)
+        planned = getattr(ref, "sample_lengths", None)
+        planned = [None] * len(ids) if planned is None else planned.tolist()
         docs = []
-        for i, row, s, ln in zip(ids, rows, starts.tolist(), ref.lengths.tolist()):
-            if s + ln > row.shape[0]:
-                raise ValueError(f"sample {i}: the plan wants tokens {s}..{s + ln} but the "
-                                 f"sample has {row.shape[0]} (dataset and plan disagree)")
+        for i, row, s, ln, full in zip(ids, rows, starts.tolist(), ref.lengths.tolist(), planned):
+            n = int(row.shape[0])
+            if (full is not None and n != full) or s + ln > n:
+                want = full if full is not None else f"at least {s + ln}"
+                raise ValueError(
+                    f"sample {i} has {n} tokens but the plan was made for {want} (dataset and "
+                    f"plan disagree: tokens would be {'cut off' if n > (full or 0) else 'missing'}"
+                    f"); re-plan from this dataset's lengths, or tokenize it to the same lengths "
+                    f"the plan was made from")
             docs.append(row[s:s + ln])
         return FetchedMicrobatch(ref, docs)
 

@@ -167,10 +167,14 @@ def collate_microbatch(mp: MMPlan, mb: int, fetch: Fetch, route: StepRoute,
         ex = fetch(s)
         msl = t.media_of(s)
         ids, first = expand_sample(ex, s, t.media_kind[msl], t.media_tokens[msl], markers)
+        full = int(t.text[s]) + int(t.media_tokens[msl].sum())
+        if ids.shape[0] != full:
+            raise ValueError(
+                f"sample {s} has {ids.shape[0]} tokens (media expanded) but the plan was made "
+                f"for {full} (dataset and plan disagree: tokens would be "
+                f"{'cut off' if ids.shape[0] > full else 'missing'}); re-plan from this "
+                f"dataset's lengths, or give the dataset the plan was made from")
         ids = ids[st:st + ln]
-        if ids.shape[0] != ln:
-            raise ValueError(f"sample {s}: the plan wants tokens {st}..{st + ln} but the "
-                             f"expanded sample has {st + ids.shape[0]}")
         if msl.stop > msl.start and st != 0:
             raise ValueError(f"sample {s}: a piece of a sample with media (never cut)")
         docs.append(ids)

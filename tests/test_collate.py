@@ -224,3 +224,61 @@ def test_gradients_packed_accumulation_equal_unpacked_token_mean():
     assert count == step0[0]["step_loss_tokens"]
     for (n, p), q in zip(packed.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=n)
+
+
+# ---- rows whose token count differs from the plan (issue #13 item 4) ---------------------------
+
+def _resized(L, k, delta):
+    """FlatTokens whose sample ``k`` has ``delta`` more (or fewer) tokens than planned."""
+    real = np.array(L, np.int64)
+    real[k] += delta
+    return FlatTokens.from_lengths(real, vocab=50)
+
+
+def _fetch_all(sampler, ds):
+    pd = PackedDataset(ds)
+    return [pd.__getitems__(r) for r in sampler]
+
+
+@pytest.mark.parametrize("delta", [+7, -3])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_row_longer_or_shorter_than_planned_is_an_error_naming_it(delta, chunked):
+    rng = np.random.default_rng(5)
+    L = rng.integers(10, 400, 60)
+    if chunked:
+        L[17] = 1100  # cut into pieces of 512: 0..512, 512..1024, 1024..1100
+    k = 17
+    lay = Layout(dp=1, microbatches=2, capacity=512)
+    s = PackedBatchSampler(SampleTable(L), COST, lay, PlannerConfig(over_length="chunk"),
+                           dp_rank=0)
+    with pytest.raises(ValueError) as e:
+        _fetch_all(s, _resized(L, k, delta))
+    msg = str(e.value)
+    assert f"sample {k}" in msg and f"{L[k] + delta} tokens" in msg and f"{L[k]}" in msg
+    assert "plan" in msg and ("re-plan" in msg or "same lengths" in msg)
+    # the planned lengths fetch every token exactly once (a fresh sampler: the one above
+    # stopped mid-epoch, and a sampler resumes where it stopped)
+    s = PackedBatchSampler(SampleTable(L), COST, lay, PlannerConfig(over_length="chunk"),
+                           dp_rank=0)
+    got = _fetch_all(s, FlatTokens.from_lengths(L, vocab=50))
+    assert sum(len(d) for f in got for d in f.docs) == L.sum()
+
+
+def test_row_length_checked_with_a_prebuilt_plan_and_no_sample_table():
+    from balancer import plan_epoch
+    L = np.random.default_rng(6).integers(10, 400, 60)
+    lay = Layout(dp=1, microbatches=2, capacity=512)
+    plan = plan_epoch(SampleTable(L), COST, lay, PlannerConfig(), 0)
+    s = PackedBatchSampler(plan=plan, dp_rank=0)  # lengths known only from the plan
+    with pytest.raises(ValueError, match=rf"sample 3 has {L[3] + 1} tokens but the plan .*{L[3]}"):
+        _fetch_all(s, _resized(L, 3, +1))
+
+
+def test_rows_through_a_dataloader_with_workers_name_the_sample():
+    L = np.random.default_rng(7).integers(10, 400, 40)
+    lay = Layout(dp=1, microbatches=2, capacity=512)
+    s = PackedBatchSampler(SampleTable(L), COST, lay, PlannerConfig(), dp_rank=0)
+    dl = torch.utils.data.DataLoader(PackedDataset(_resized(L, 0, +4000)), batch_sampler=s,
+                                     collate_fn=PackedCollator(), num_workers=2)
+    with pytest.raises(ValueError, match=r"sample 0 has \d+ tokens but the plan"):
+        list(dl)
