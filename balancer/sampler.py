@@ -21,6 +21,7 @@ ranks of one DP replica receive the same microbatches; the collator cuts the CP 
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Optional, Union
 
 import numpy as np
@@ -120,8 +121,14 @@ class PackedBatchSampler(Sampler):
         self._carry: dict[int, Optional[Items]] = {0: None}
         self._plan: Optional[Plan] = None
         self.epoch = int(epoch)
-        self._position = 0
-        self._completed = False
+        self._position = 0  # microbatches of this epoch handed out (where a checkpoint resumes)
+        self._next = 0  # where the next pass (iteration) starts
+        self._generation = 0  # bumped when set_epoch / load_state_dict move the sampler
+        self._asked: Optional[int] = None  # set_epoch since the last pass or restore
+        self._restored: Optional[tuple] = None  # (epoch, position, n) restored, not yet iterated
+        self._reader: Optional[tuple] = None  # ("plain" | "stateful", workers) iterating now
+        self._ahead = False  # this epoch's microbatches went to workers that read ahead
+        self._lengths: dict[int, int] = {}  # this rank's microbatches of every epoch built
 
     # ---- ranks ----------------------------------------------------------------------------
     def _set_ranks(self, num_replicas, rank, dp_rank, cp_rank, pp_rank, tp):
@@ -185,6 +192,7 @@ class PackedBatchSampler(Sampler):
         if self._plan is None or self._plan.epoch != self.epoch:
             self._plan = self._build(self.epoch)
             self._index_plan(self._plan)
+            self._lengths[self.epoch] = int(self._plan.step_mbs.sum())
         return self._plan
 
     def _index_plan(self, plan: Plan) -> None:
@@ -228,12 +236,40 @@ class PackedBatchSampler(Sampler):
 
     # ---- Sampler protocol -----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate; a different epoch starts at its first microbatch, the
-        current one keeps a restored position."""
-        if int(epoch) != self.epoch:
-            self.epoch = int(epoch)
-            self._position = 0
-        self._completed = False
+        """Select the epoch to iterate. A different epoch starts at its first microbatch. The
+        current one keeps its position: a restored checkpoint resumes there, and an epoch whose
+        microbatches have all been handed out stays finished (a pass yields nothing) until
+        another epoch is selected, so a checkpoint taken after an epoch's loop resumes exactly
+        whether the trainer saved that epoch or the next as its counter.
+
+        After a restore, moving to another epoch before iterating the restored one is an error
+        when that epoch is unfinished (its remaining microbatches would be skipped) or when the
+        move goes back. A ``set_epoch`` made before a StatefulDataLoader restores the sampler
+        (it does so lazily, at ``iter(loader)``) is applied after the restore."""
+        epoch = int(epoch)
+        self._select(epoch)
+        self._asked = epoch
+
+    def _select(self, epoch: int) -> None:
+        if self._restored is not None and epoch != self._restored[0]:
+            e, pos, n = self._restored
+            if pos < n:
+                raise ValueError(
+                    f"set_epoch({epoch}) but the checkpoint restored into this sampler is in "
+                    f"epoch {e} at microbatch {pos} of {n}: call set_epoch({e}) to finish it "
+                    f"first (its {n - pos} remaining microbatches would be skipped); to skip "
+                    f"them on purpose, start epoch {epoch} with a sampler that restored nothing")
+            if epoch < e:
+                raise ValueError(
+                    f"set_epoch({epoch}) but the checkpoint restored into this sampler has "
+                    f"finished epoch {e}: the next epoch is {e + 1} (set_epoch({e}) yields "
+                    f"nothing, then set_epoch({e + 1}))")
+        if epoch != self.epoch:
+            self.epoch, self._position, self._next = epoch, 0, 0
+            self._generation += 1
+            self._ahead, self._restored = False, None
+        else:
+            self._next = self._position
 
     def __len__(self) -> int:
         return int(self.plan.step_mbs.sum())
@@ -247,36 +283,56 @@ class PackedBatchSampler(Sampler):
         ids = plan.entry_sample[lo:hi]
         return MicrobatchRef(
             ids.tolist(), starts=plan.entry_start[lo:hi], lengths=plan.entry_length[lo:hi],
-            sample_lengths=np.asarray(self._sample_len[ids], np.int64), epoch=self.epoch, position=position, step=step,
-            slot=int(self._my_slot[position]), step_microbatches=int(plan.step_mbs[step]), mb=mb,
+            sample_lengths=np.asarray(self._sample_len[ids], np.int64), epoch=self.epoch,
+            position=position, step=step, slot=int(self._my_slot[position]),
+            step_microbatches=int(plan.step_mbs[step]), mb=mb,
             loss_tokens=int(self._mb_loss[mb]), step_loss_tokens=int(self._step_loss[step]),
             cp=self.layout.cp, cp_rank=self.cp_rank, dp_rank=self.dp_rank)
 
     def __iter__(self):
-        n = len(self)
-        start = 0 if self._completed else self._position
-        self._completed = False
+        """One pass over this rank's microbatches of the epoch from where the sampler stands
+        (see :meth:`set_epoch`). A pass that ran to the end makes the next pass start the epoch
+        over (as DistributedSampler does without ``set_epoch``); a pass left unfinished (a
+        ``break``, an iterator thrown away) does not move where the next pass starts."""
+        return self._pass(_reader_of(sys._getframe(1)))
+
+    def _pass(self, reader: Optional[tuple]):
+        # runs at the first next(): a StatefulDataLoader creates iterators it never advances
+        gen, start, n = self._generation, self._next, len(self)
+        self._asked = self._restored = None
+        self._reader = reader
+        reads_ahead = reader is not None and reader[1] > 0
         for pos in range(start, n):
+            if self._generation != gen:
+                return  # set_epoch / load_state_dict moved the sampler: a stale pass ends
             ref = self.ref(pos)
             self._position = pos + 1  # state_dict() now means "this one was handed out"
+            self._ahead = self._ahead or reads_ahead
             yield ref
-        self._completed = True
+        if start < n and self._generation == gen:
+            self._next = 0
 
     # ---- resumption -----------------------------------------------------------------------
     def state_dict(self, after: Optional[dict] = None) -> dict:
-        """Where to resume. Without ``after``: after the last microbatch this sampler handed
-        out (exact for ``num_workers=0`` and for ``StatefulDataLoader``, which snapshots the
-        sampler itself). With workers and a plain DataLoader the sampler runs ahead of the
-        trainer, so pass the last batch the trainer consumed (a collated dict or a
-        :class:`MicrobatchRef`; its ``epoch``/``position`` locate it)."""
+        """Where to resume: ``{"epoch", "position", ...}``, exact at any point (mid-epoch,
+        before or after ``set_epoch``, after an epoch's loop has ended).
+
+        Without ``after``: after the last microbatch this sampler handed out, exact for direct
+        iteration, ``num_workers=0`` and torchdata's ``StatefulDataLoader`` (checkpoint with
+        ``loader.state_dict()``, which snapshots the sampler as each batch is requested). A
+        DataLoader with workers reads ahead of the training loop: once it has taken
+        microbatches of the current epoch, ``state_dict()`` without ``after`` is an error
+        saying so. Pass ``after=`` the last batch the loop consumed (a collated dict or a
+        :class:`MicrobatchRef`; its ``epoch``/``position`` locate it); after ``set_epoch(e + 1)``
+        the batch that ended epoch ``e`` gives the start of ``e + 1``."""
         plan = self.plan
-        epoch, position = self.epoch, self._position
         if after is not None:
-            get = after.get if isinstance(after, dict) else lambda k: getattr(after, k)
-            epoch, position = int(get("epoch")), int(get("position")) + 1
-            if epoch != self.epoch:
-                raise ValueError(f"batch of epoch {epoch} given, the sampler is at epoch "
-                                 f"{self.epoch}")
+            epoch, position = self._after(after)
+        else:
+            if self._ahead and not (self._reader[0] == "stateful"
+                                    and _called_by_torchdata(sys._getframe(1))):
+                raise ValueError(self._read_ahead_message())
+            epoch, position = self.epoch, self._position
         carry = self._carry.get(epoch)
         return {
             "version": STATE_VERSION, "epoch": epoch, "position": position,
@@ -291,8 +347,56 @@ class PackedBatchSampler(Sampler):
                 "length": carry.length.tolist()},
         }
 
+    def _read_ahead_message(self) -> str:
+        kind, workers = self._reader
+        done = (f"{self._position} of epoch {self.epoch}'s {len(self)} microbatches handed out, "
+                f"some not yet trained on")
+        if kind == "stateful":
+            return (f"sampler.state_dict() without after=: this sampler feeds a "
+                    f"StatefulDataLoader with {workers} workers, which read ahead of the "
+                    f"training loop ({done}): checkpoint the loader with dl.state_dict() "
+                    f"(exact), or pass the last batch the loop consumed: "
+                    f"sampler.state_dict(after=batch)")
+        return (f"sampler.state_dict() without after=: this sampler feeds a DataLoader with "
+                f"{workers} workers, which read ahead of the training loop ({done}), so the "
+                f"sampler cannot tell which batch the loop consumed last. Pass that batch: "
+                f"sampler.state_dict(after=batch), or use torchdata's StatefulDataLoader and "
+                f"checkpoint with dl.state_dict()")
+
+    def _after(self, after) -> tuple[int, int]:
+        """(epoch, position) to resume at once ``after`` has been trained on."""
+        try:
+            get = after.get if isinstance(after, dict) else (lambda k: getattr(after, k))
+            epoch, pos = int(get("epoch")), int(get("position"))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            raise ValueError(f"after= takes the last batch the training loop consumed (a "
+                             f"PackedCollator batch or a MicrobatchRef, with 'epoch' and "
+                             f"'position'), got {type(after).__name__}") from None
+        if epoch == self.epoch:
+            n = len(self)
+            if not 0 <= pos < n:
+                raise ValueError(f"after= is microbatch {pos} of epoch {epoch}, which has {n} "
+                                 f"on this rank (0..{n - 1})")
+            return epoch, pos + 1
+        if epoch > self.epoch:
+            raise ValueError(f"after= is a batch of epoch {epoch} but the sampler is at epoch "
+                             f"{self.epoch}")
+        n = self._lengths.get(epoch)
+        if n is None:
+            raise ValueError(f"after= is a batch of epoch {epoch}, which this sampler never "
+                             f"iterated, and the sampler is at epoch {self.epoch}")
+        if pos + 1 != n:
+            raise ValueError(
+                f"after= is the batch of epoch {epoch} at position {pos} (of {n}) but the "
+                f"sampler has moved on to epoch {self.epoch}: a checkpoint there would skip the "
+                f"remaining {n - pos - 1} microbatches of epoch {epoch}. Checkpoint before "
+                f"set_epoch({self.epoch}), or pass a batch of epoch {self.epoch}")
+        return self.epoch, 0  # that batch ended the epoch before: nothing of this one trained
+
     def load_state_dict(self, state: dict) -> None:
-        """Resume at ``state``; refuses a different layout, seed, dataset or plan."""
+        """Resume at ``state``; refuses a different layout, seed, dataset or plan. The next
+        pass yields the rest of the checkpoint's epoch (nothing when it had ended); see
+        :meth:`set_epoch` for moving on."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"sampler state version {state.get('version')!r} is not "
                              f"{STATE_VERSION}")
@@ -310,12 +414,46 @@ class PackedBatchSampler(Sampler):
             self._carry = {0: None}
             self._carry[epoch] = None if c is None else Items(
                 *(np.asarray(c[k], np.int64) for k in ("sample", "start", "length")))
-        self.epoch, self._plan, self._completed = epoch, None, False
+        self.epoch, self._plan = epoch, None
+        self._generation += 1
+        self._ahead = False
         if self.plan_fingerprint != state["plan_fingerprint"]:
             raise ValueError(f"cannot resume: epoch {epoch}'s plan is {self.plan_fingerprint} here "
                              f"but {state['plan_fingerprint']} in the checkpoint (different "
                              f"strategy, cost model, config or data)")
         position = int(state["position"])
-        if not 0 <= position <= len(self):
-            raise ValueError(f"cannot resume: position {position} is outside 0..{len(self)}")
-        self._position = position
+        n = len(self)
+        if not 0 <= position <= n:
+            raise ValueError(f"cannot resume: position {position} is outside 0..{n}")
+        self._position = self._next = position
+        self._restored = (epoch, position, n)
+        asked, self._asked = self._asked, None
+        if asked is not None:  # set_epoch before a lazy restore (StatefulDataLoader)
+            self._select(asked)
+
+
+def _reader_of(frame) -> Optional[tuple]:
+    """``("plain" | "stateful", workers)`` of the DataLoader iterator that called ``iter()`` on
+    the sampler (its ``_reset``/``__init__``, or torchdata's restore), None for anything else."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    for _ in range(3):  # a wrapping batch sampler may stand in between
+        if frame is None:
+            return None
+        it = frame.f_locals.get("self")
+        if isinstance(it, _BaseDataLoaderIter):
+            kind = "stateful" if type(it).__module__.startswith("torchdata") else "plain"
+            return kind, int(getattr(it, "_num_workers", 0))
+        frame = frame.f_back
+    return None
+
+
+def _called_by_torchdata(frame) -> bool:
+    """``state_dict()`` asked for by torchdata's own snapshot (``try_to_serialize``) rather
+    than by the user."""
+    for _ in range(2):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__", "").startswith("torchdata."):
+            return True
+        frame = frame.f_back
+    return False
