@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 
-from packing.hybrid_cp import HybridPlan, assemble, concat_plans, plan_batch
+from packing.hybrid_cp import HybridPlan, assemble, concat_plans, plan_batch, shelf_cost
 from packing.validate import as_sizes
 
 from .cp_cost import CPCostModel, CPCostTable
@@ -64,7 +64,7 @@ def _largest_group(n_ranks: int) -> int:
 
 # ---- planners -------------------------------------------------------------------------------------
 def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_limit: OverLimit = "error",
-                candidates: int = 4, local_search: int = 64,
+                candidates: int = 3, local_search: int = 64,
                 table: Optional[CPCostTable] = None) -> HybridPlan:
     """Hybrid plan of one global batch (``lengths``: its documents) on ``n_ranks`` ranks.
 
@@ -87,7 +87,7 @@ def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_limit: OverLi
 
 
 def plan_fixed_cp(lengths, model: CPCostModel, n_ranks: int, cp: int, *, whole: bool = False,
-                  candidates: int = 4, local_search: int = 64) -> HybridPlan:
+                  candidates: int = 3, local_search: int = 64) -> HybridPlan:
     """Fixed CP of degree ``cp``: every round the pool is ``n_ranks / cp`` groups of ``cp``
     ranks; documents longer than a group holds are cut into pieces of that limit (counted).
     ``whole=False`` (standard CP) shards every document over its group; ``whole=True`` lets a
@@ -417,5 +417,132 @@ def plan_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, pl
     return concat_plans(plans), bounds
 
 
-__all__ = ["HybridEstimate", "cut_documents", "estimate", "plan_fixed_cp", "plan_hybrid",
+class StreamResult(NamedTuple):
+    """A multi-step plan of a stream: ``plan`` (steps one after another), ``doc_step``
+    int64[n] (the step each document trains in), ``delay`` int64[n] (that step minus the step
+    the document would train in without moving: > 0 waited, < 0 read early)."""
+
+    plan: HybridPlan
+    doc_step: np.ndarray
+    delay: np.ndarray
+
+
+def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, *,
+                       max_delay: int = 2, max_advance: int = 2, over_limit: OverLimit = "error",
+                       candidates: int = 3, local_search: int = 64) -> StreamResult:
+    """Hybrid plans of consecutive global batches of about ``batch_tokens`` tokens, where
+    **tall** documents (slower on any group than a round of short documents filling a rank's
+    memory) may move to a nearby step so that several share one tall round: a document trains
+    at most ``max_delay`` steps after and ``max_advance`` steps before its own step.
+
+    Tall documents start in their own step, or in consecutive clusters (at most 8, within the
+    window) chosen by dynamic programming, each at its members' mean step, whichever scores
+    lower summed over steps; then each, in stream order (two passes), moves to the
+    step in its window where the tall-round scores (:func:`packing.hybrid_cp.shelf_cost`) of
+    the step it leaves and the step it joins drop most, if they drop; only documents of steps
+    with at most 4 tall ones move, into steps with at most 8 (fuller steps already share tall
+    rounds). Every other document trains in its own step (so a step that takes tall documents holds
+    more tokens than the budget and one that gives them fewer; the loss is normalised by each
+    step's own token count). ``max_delay = max_advance = 0`` is :func:`plan_stream`."""
+    lengths = as_sizes(lengths)
+    n = lengths.shape[0]
+    P = int(n_ranks)
+    budget = int(batch_tokens)
+    if budget < 1 or max_delay < 0 or max_advance < 0:
+        raise ValueError("batch_tokens must be positive and max_delay, max_advance >= 0")
+    cs = np.cumsum(lengths)
+    before = cs - lengths
+    home = before // budget  # the step of every document without moving
+    limit = model.doc_limit(_largest_group(P))
+    tab = model.table(np.minimum(lengths, limit), P)
+    cap = model.rank_capacity
+    short = lengths * 2 <= cap
+    full = (tab.work[short].sum() / lengths[short].sum() * cap) if short.any() else np.inf
+    feas = tab.tokens <= cap
+    fastest = np.where(feas, tab.time, np.inf).min(axis=1)
+    tall = np.flatnonzero(fastest > full)
+    rho = full / cap if np.isfinite(full) else 0.0
+    emit = home[tall].copy()
+    span = max_delay + max_advance
+    if tall.shape[0] and span > 0:
+        cache: dict[tuple, float] = {}
+
+        def cost(zis) -> float:
+            key = tuple(sorted(zis))
+            if key not in cache:
+                cache[key] = shelf_cost(tab.time, tab.tokens, cap, P, tall[list(key)], rho) \
+                    if key else 0.0
+            return cache[key]
+
+        def by_step(em):
+            out: dict[int, list] = {}
+            for zi, st_ in enumerate(em.tolist()):
+                out.setdefault(st_, []).append(zi)
+            return out
+
+        # a second start: consecutive clusters (at most 8, spanning at most the window) chosen
+        # by dynamic programming, each at its members' mean step clamped into their windows
+        m = tall.shape[0]
+        best = np.full(m + 1, np.inf)
+        best[0] = 0.0
+        prev = np.zeros(m + 1, dtype=np.int64)
+        for i in range(1, m + 1):
+            for j in range(i - 1, max(-1, i - 9), -1):
+                if home[tall[i - 1]] - home[tall[j]] > span:
+                    break
+                c = best[j] + cost(list(range(j, i)))
+                if c < best[i] - 1e-12:
+                    best[i], prev[i] = c, j
+        alt = np.empty(m, dtype=np.int64)
+        i = m
+        while i > 0:
+            j = prev[i]
+            hs = home[tall[j:i]]
+            e = int(round(float(hs.mean())))
+            alt[j:i] = min(int(hs.min()) + max_delay, max(int(hs.max()) - max_advance, e))
+            i = j
+        if sum(cost(v) for v in by_step(alt).values()) < \
+                sum(cost(v) for v in by_step(emit).values()) - 1e-9:
+            emit = alt
+        members = by_step(emit)
+
+        for _ in range(2):
+            for zi in range(tall.shape[0]):
+                s0 = int(emit[zi])
+                here = members[s0]
+                if len(here) > 4:
+                    continue
+                h = int(home[tall[zi]])
+                without = [z for z in here if z != zi]
+                base = cost(here) - cost(without)
+                best, best_s = -1e-9, s0
+                for s1 in range(h - max_advance, h + max_delay + 1):
+                    there = members.get(s1, [])
+                    if s1 == s0 or s1 < 0 or len(there) >= 8:
+                        continue
+                    gain = cost(there + [zi]) - cost(there) - base
+                    if gain < best:
+                        best, best_s = gain, s1
+                if best_s != s0:
+                    members[s0] = without
+                    members.setdefault(best_s, []).append(zi)
+                    emit[zi] = best_s
+    step_of = home.copy()
+    step_of[tall] = emit
+    steps = np.split(np.argsort(step_of, kind="stable"),
+                     np.flatnonzero(np.diff(np.sort(step_of, kind="stable"))) + 1)
+    plans = []
+    doc_step = np.empty(n, dtype=np.int64)
+    for s, docs in enumerate(steps):
+        doc_step[docs] = s
+        rows = None if (lengths[docs] > limit).any() else CPCostTable(
+            tab.sizes, tab.time[docs], tab.compute[docs], tab.exposed[docs], tab.tokens[docs],
+            tab.work[docs], tab.round_constant, tab.rank_capacity)
+        p = plan_hybrid(lengths[docs], model, P, over_limit=over_limit, candidates=candidates,
+                        local_search=local_search, table=rows)
+        plans.append(p._replace(item_doc=docs[p.item_doc]))
+    return StreamResult(concat_plans(plans), doc_step, doc_step - home)
+
+
+__all__ = ["HybridEstimate", "StreamResult", "plan_hybrid_stream", "cut_documents", "estimate", "plan_fixed_cp", "plan_hybrid",
            "plan_megatron_hybrid", "plan_stream"]

@@ -232,6 +232,91 @@ def _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, out_k):
 
 
 @kernel
+def _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, out_shelf):
+    """Shelves of consecutive documents (by decreasing fastest time, at most 8 a shelf): the
+    partition with the smallest summed shelf score, by dynamic programming. Writes each
+    document's shelf to out_shelf[:nz]; returns the number of shelves (its score summed is
+    :func:`shelf_cost`)."""
+    fast = np.empty(nz)
+    for zi in range(nz):
+        d = zs[zi]
+        f = np.inf
+        if tok[d, 0] <= cap:
+            f = time[d, 0]
+        for k in range(ka_lo, ka_hi + 1):
+            if tok[d, k] <= cap and time[d, k] < f:
+                f = time[d, k]
+        fast[zi] = -f
+    zo = np.argsort(fast, kind="mergesort")
+    zsorted = zs[:nz][zo]
+    dp = np.full(nz + 1, np.inf)
+    dp[0] = 0.0
+    prev = np.zeros(nz + 1, dtype=np.int64)
+    mem = np.empty(8, dtype=np.int64)
+    kk = np.empty(8, dtype=np.int64)
+    for i in range(1, nz + 1):
+        for j in range(max(0, i - 8), i):
+            if dp[j] == np.inf:
+                continue
+            for q in range(j, i):
+                mem[q - j] = zsorted[q]
+            sc, h = _best_shelf(time, tok, cap, P, mem, i - j, ka_lo, ka_hi, rho, fluid, kk)
+            if dp[j] + sc < dp[i] - 1e-12:
+                dp[i] = dp[j] + sc
+                prev[i] = j
+    alt = np.empty(nz, dtype=np.int64)
+    i = nz
+    ns = 0
+    while i > 0:
+        j = prev[i]
+        for q in range(j, i):
+            alt[q] = ns
+        i = j
+        ns += 1
+    for q in range(nz):
+        out_shelf[zo[q]] = alt[q]
+    return ns
+
+
+@kernel
+def _shelf_cost_kernel(time, tok, cap, P, docs, ka_lo, ka_hi, rho):
+    nz = docs.shape[0]
+    shelf = np.empty(nz, dtype=np.int64)
+    ns = _shelf_dp(time, tok, cap, P, docs, nz, ka_lo, ka_hi, rho, np.inf, shelf)
+    mem = np.empty(nz, dtype=np.int64)
+    kk = np.empty(nz, dtype=np.int64)
+    total = 0.0
+    for s_ in range(ns):
+        m = 0
+        for zi in range(nz):
+            if shelf[zi] == s_:
+                mem[m] = docs[zi]
+                m += 1
+        sc, h = _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, np.inf, kk)
+        total += sc
+    return total
+
+
+@kernel
+def _shelf_eval(time, tok, cap, P, zs, shelf, nz, s, drop, add, ka_lo, ka_hi, rho, budget,
+                mem, kk):
+    """Score and absorbed work of shelf s without document index ``drop`` (-1: none) and with
+    document ``add`` (-1: none); (0, 0) for an empty shelf."""
+    m = 0
+    for zj in range(nz):
+        if shelf[zj] == s and zj != drop:
+            mem[m] = zs[zj]
+            m += 1
+    if add >= 0:
+        mem[m] = add
+        m += 1
+    if m == 0:
+        return 0.0, 0.0
+    sc, h = _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, kk)
+    return sc, (h - sc) * P
+
+
+@kernel
 def _kernel_candidate(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, H, j_rounds, R_cap,
                       order_a, order_b, min_len_b, ls_iters, d_round, d_off, d_k, d_owner):
     """Plan with round height ``H`` (``j_rounds`` rounds pre-created with a fixed partition).
@@ -330,6 +415,112 @@ def _kernel_candidate(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, H, j_r
                 sh_ab[b_s] = b_h - sh_sc[b_s]  # absorbed / P
                 sh_ab[b_s] *= P
                 used_ab += sh_ab[b_s]
+            # the alternative: shelves of consecutive documents by decreasing fastest time,
+            # the best such partition by dynamic programming; keep the better of the two
+            used_ab = 0.0
+            tot_g = 0.0
+            for s_ in range(ns):
+                sh_sc[s_], sh_ab[s_] = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s_, -1, -1,
+                                                   ka_lo, ka_hi, rho, fluid - used_ab, mem, kk)
+                used_ab += sh_ab[s_]
+                tot_g += sh_sc[s_]
+            alt_shelf = np.empty(nz, dtype=np.int64)
+            na_s = _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, alt_shelf)
+            used2 = 0.0
+            tot_a = 0.0
+            a_sc = np.empty(nz)
+            a_ab = np.empty(nz)
+            for s_ in range(na_s):
+                a_sc[s_], a_ab[s_] = _shelf_eval(time, tok, cap, P, zs, alt_shelf, nz, s_, -1,
+                                                 -1, ka_lo, ka_hi, rho, fluid - used2, mem, kk)
+                used2 += a_ab[s_]
+                tot_a += a_sc[s_]
+            if tot_a < tot_g - 1e-12:
+                shelf[:nz] = alt_shelf
+                ns = na_s
+                sh_sc[:ns] = a_sc[:ns]
+                sh_ab[:ns] = a_ab[:ns]
+                used_ab = used2
+            # repair the shelves: move a document to another (or a new) shelf, or swap two
+            # documents of different shelves, while the summed score drops
+            for it in range(4 * nz):
+                bd = -1e-9
+                b_z = -1
+                b_z2 = -1
+                b_s1 = -1
+                for zi in range(nz):
+                    s0 = shelf[zi]
+                    cnt0 = 0
+                    for zj in range(nz):
+                        if shelf[zj] == s0:
+                            cnt0 += 1
+                    others = used_ab - sh_ab[s0]
+                    sc0m, ab0m = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s0, zi, -1,
+                                             ka_lo, ka_hi, rho, fluid - others, mem, kk)
+                    for s1 in range(ns + 1):
+                        if s1 == s0 or (s1 == ns and cnt0 == 1):
+                            continue
+                        old1 = sh_sc[s1] if s1 < ns else 0.0
+                        oab1 = sh_ab[s1] if s1 < ns else 0.0
+                        sc1p, ab1p = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s1, -1,
+                                                 zs[zi], ka_lo, ka_hi, rho,
+                                                 fluid - (others - oab1) - ab0m, mem, kk)
+                        dl = sc0m + sc1p - sh_sc[s0] - old1
+                        if dl < bd:
+                            bd = dl
+                            b_z = zi
+                            b_z2 = -1
+                            b_s1 = s1
+                    for zj in range(zi + 1, nz):
+                        s1 = shelf[zj]
+                        if s1 == s0:
+                            continue
+                        rest = used_ab - sh_ab[s0] - sh_ab[s1]
+                        # zi leaves s0 for s1, zj leaves s1 for s0
+                        shelf[zj] = -2
+                        sc0, ab0 = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s0, zi,
+                                               zs[zj], ka_lo, ka_hi, rho, fluid - rest, mem, kk)
+                        shelf[zj] = s1
+                        shelf[zi] = -2
+                        sc1, ab1 = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s1, zj,
+                                               zs[zi], ka_lo, ka_hi, rho, fluid - rest - ab0,
+                                               mem, kk)
+                        shelf[zi] = s0
+                        dl = sc0 + sc1 - sh_sc[s0] - sh_sc[s1]
+                        if dl < bd:
+                            bd = dl
+                            b_z = zi
+                            b_z2 = zj
+                            b_s1 = s1
+                if b_z < 0:
+                    break
+                s0 = shelf[b_z]
+                if b_z2 >= 0:
+                    shelf[b_z2] = s0
+                    shelf[b_z] = b_s1
+                else:
+                    if b_s1 == ns:
+                        sh_sc[ns] = 0.0
+                        sh_ab[ns] = 0.0
+                        ns += 1
+                    shelf[b_z] = b_s1
+                    empty = True
+                    for zj in range(nz):
+                        if shelf[zj] == s0:
+                            empty = False
+                    if empty:  # the last shelf takes the empty one's number
+                        ns -= 1
+                        for zj in range(nz):
+                            if shelf[zj] == ns:
+                                shelf[zj] = s0
+                        if b_s1 == ns:
+                            b_s1 = s0
+                used_ab = 0.0
+                for s_ in range(ns):
+                    sh_sc[s_], sh_ab[s_] = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s_, -1,
+                                                       -1, ka_lo, ka_hi, rho, fluid - used_ab,
+                                                       mem, kk)
+                    used_ab += sh_ab[s_]
             # materialise: one round per shelf, groups largest first from rank 0
             for s_ in range(ns):
                 m = 0
@@ -684,11 +875,15 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
                 continue
             _link(d, d_round[d] * P + d_off[d] + d_owner[d], head, nxt, prv)
     low = np.empty(4, dtype=np.int64)
+    stuck = np.zeros(nr, dtype=np.bool_)  # no move found: skipped until a final full sweep
+    final = False
     for it in range(iters):
         before = 0.0
         for r in range(nr):
             before += rmax[r]
         for r in range(nr):
+            if stuck[r] and not final:
+                continue
             p = 0
             for pp in range(P):
                 if load[r, pp] > load[r, p]:
@@ -778,11 +973,18 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
                     if load[r, pp] > m:
                         m = load[r, pp]
                 rmax[r] = m
+            else:
+                stuck[r] = True
         after = 0.0
         for r in range(nr):
             after += rmax[r]
         if after >= before * (1 - 1e-9):
-            break
+            if final:
+                break
+            final = True
+            stuck[:] = False
+        else:
+            final = False
     return ng
 
 
@@ -945,18 +1147,55 @@ def _plan_kernel(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, n_cand, ls_
             d_off[:] = c_off
             d_k[:] = c_k
             d_owner[:] = c_owner
-    if ls_iters > 0:
-        nr, obj = _run_candidate(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, best_H,
-                                 j_lo + best_c, shard_all, oa, ob, ls_iters, c_round, c_off,
-                                 c_k, c_owner)
-        if obj <= best_obj:
-            best_obj = obj
-            best_nr = nr
-            d_round[:] = c_round
-            d_off[:] = c_off
-            d_k[:] = c_k
-            d_owner[:] = c_owner
+    if ls_iters > 0 and best_nr > 0:
+        best_obj = _repair(time, tok, cap, P, whole_ok, fixed_k, best_nr, ls_iters, ob, d_round,
+                           d_off, d_k, d_owner)
     return best_nr, best_obj, best_c
+
+
+@kernel
+def _repair(time, tok, cap, P, whole_ok, fixed_k, nr, iters, ob, d_round, d_off, d_k, d_owner):
+    """Local search (step 4) on a finished plan, rebuilt from its per-item arrays, which are
+    updated in place; returns the objective."""
+    n = time.shape[0]
+    G_cap = nr * P
+    load = np.zeros((nr, P))
+    rtok = np.zeros((nr, P), dtype=np.int64)
+    gid = np.full((nr, P), -1, dtype=np.int64)
+    g_off = np.empty(G_cap, dtype=np.int64)
+    g_k = np.empty(G_cap, dtype=np.int64)
+    g_round = np.empty(G_cap, dtype=np.int64)
+    g_load = np.empty(G_cap)
+    g_tok = np.empty(G_cap, dtype=np.int64)
+    ng = 0
+    if fixed_k >= 0:
+        fs = 1 << fixed_k
+        for r in range(nr):
+            for o in range(0, P - fs + 1, fs):
+                ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, o, fixed_k)
+    for d in range(n):
+        r = d_round[d]
+        o = d_off[d]
+        if gid[r, o] < 0:
+            ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, o, d_k[d])
+        if d_owner[d] < 0:
+            _add_shard(d, gid[r, o], d_k[d], time, tok, g_off, g_k, g_round, g_load, g_tok, load,
+                       rtok, d_round, d_off, d_k, d_owner)
+        else:
+            load[r, o + d_owner[d]] += time[d, 0]
+            rtok[r, o + d_owner[d]] += tok[d, 0]
+    rmax = np.zeros(nr)
+    for r in range(nr):
+        for p in range(P):
+            if load[r, p] > rmax[r]:
+                rmax[r] = load[r, p]
+    none = np.empty(0, dtype=np.int64)
+    _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g_off, g_k,
+                  g_round, g_load, g_tok, rmax, d_round, d_off, d_k, d_owner, none, ob)
+    obj = 0.0
+    for r in range(nr):
+        obj += rmax[r]
+    return obj
 
 
 # ---- public wrappers -------------------------------------------------------------------------
@@ -984,7 +1223,7 @@ def _check_table(time, tokens, rank_capacity, n_ranks):
     return time, tokens, cap, n_ranks
 
 
-def plan_batch(time, tokens, rank_capacity: int, n_ranks: int, *, candidates: int = 4,
+def plan_batch(time, tokens, rank_capacity: int, n_ranks: int, *, candidates: int = 3,
                local_search: int = 64, sizes: tuple | None = None, whole: bool = True,
                fixed: int | None = None, doc_ids=None, lengths=None) -> HybridPlan:
     """Plan one global batch of documents on a pool of ``n_ranks`` ranks.
@@ -1094,6 +1333,20 @@ def _assemble_kernel(d_round, d_off, d_k, d_owner, nr, P, fixed_k, round_groups,
     return G
 
 
+def shelf_cost(time, tokens, rank_capacity: int, n_ranks: int, docs, density: float) -> float:
+    """Summed score of the rounds that the documents ``docs`` (rows of the cost table) would
+    share as tall rounds: per round its height minus the work whole short documents of
+    ``density`` seconds per token could still do in its free room, over the pool (the planner's
+    phase 2a estimate, with unlimited short documents)."""
+    time, tokens, cap, P = _check_table(time, tokens, rank_capacity, n_ranks)
+    docs = np.ascontiguousarray(docs, dtype=np.int64)
+    if docs.shape[0] == 0:
+        return 0.0
+    K = time.shape[1]
+    return float(_shelf_cost_kernel(time, tokens, np.int64(cap), np.int64(P), docs, np.int64(1),
+                                    np.int64(K - 1), float(density)))
+
+
 def assemble(d_round, d_off, d_k, d_owner, n_rounds, n_ranks, rank_capacity, *, fixed=-1,
              doc_ids=None, lengths=None, documents_cut=0, item_start=None) -> HybridPlan:
     """The CSR plan of one step from per-item (round, group offset, group size exponent,
@@ -1189,4 +1442,4 @@ def check_plan(plan: HybridPlan, tokens=None, *, aligned: bool = True) -> None:
         assert rank_tok.max(initial=0) <= plan.rank_capacity, rank_tok.max()
 
 
-__all__ = ["HybridPlan", "assemble", "check_plan", "concat_plans", "plan_batch"]
+__all__ = ["HybridPlan", "assemble", "check_plan", "concat_plans", "plan_batch", "shelf_cost"]

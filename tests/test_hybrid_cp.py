@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from balancer.cost import CostModel, ModelSpec, load_cost_model
 from balancer.cp_cost import CPCostModel, CPHardware
 from balancer.hybrid import (cut_documents, estimate, plan_fixed_cp, plan_hybrid,
-                             plan_megatron_hybrid, plan_stream)
+                             plan_hybrid_stream, plan_megatron_hybrid, plan_stream)
 from packing.hybrid_cp import check_plan, plan_batch
 from tests import naive_hybrid_cp as ref
 
@@ -305,3 +305,35 @@ def test_stream_and_baselines_on_real_lengths():
     fx, _ = plan_stream(L, m, 64, budget, planner=("fixed", 8))
     check_plan(fx)
     assert estimate(fx, m, L).documents_cut == int((L > m.doc_limit(8)).sum())
+
+
+def test_stream_with_bounded_delay():
+    from balancer import workloads
+    L = workloads.load("prolong")[:12000]
+    m = CPCostModel.from_preset("llama-7b", 32768)
+    budget = 64 * 2 * 32768
+    r = plan_hybrid_stream(L, m, 64, budget, max_delay=2, max_advance=1)
+    check_plan(r.plan)
+    assert np.array_equal(np.sort(r.plan.item_doc), np.arange(L.shape[0]))
+    # the step of every document is the step whose rounds hold it
+    rnd = r.plan.round_of_group()[r.plan.group_of_entry()]
+    step = np.searchsorted(r.plan.step_rounds, rnd, side="right") - 1
+    assert np.array_equal(r.doc_step[r.plan.item_doc[r.plan.entry_item]], step)
+    # documents that move on purpose stay in their window (the last step takes what is left)
+    tab = m.table(L, 64)
+    cap = m.rank_capacity
+    short = L * 2 <= cap
+    full = tab.work[short].sum() / L[short].sum() * cap
+    tall = np.where(tab.tokens <= cap, tab.time, np.inf).min(axis=1) > full
+    inner = tall
+    assert tall.any()
+    assert (r.delay[inner] <= 2).all() and (r.delay[inner] >= -1).all()
+    # without a window it is the plain stream
+    r0 = plan_hybrid_stream(L, m, 64, budget, max_delay=0, max_advance=0)
+    p0, _ = plan_stream(L, m, 64, budget)
+    assert r0.plan.n_steps == p0.n_steps and (r0.delay == 0).all()
+    assert math.isclose(estimate(r0.plan, m, L).step_time, estimate(p0, m, L).step_time)
+    # deterministic
+    r2 = plan_hybrid_stream(L, m, 64, budget, max_delay=2, max_advance=1)
+    assert np.array_equal(r.doc_step, r2.doc_step)
+    assert np.array_equal(r.plan.entry_owner, r2.plan.entry_owner)

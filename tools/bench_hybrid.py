@@ -1,0 +1,235 @@
+"""Hybrid DP x CP against fixed CP at every degree and Megatron-LM's hybrid rule (issue #15).
+
+For every model preset and workload: the stream (shuffled with --seed) is cut into global batches
+of ``ranks x rounds x rank_capacity`` tokens, the same batches for every planner; each planner
+plans every batch; the plans are evaluated with the same CP cost model
+(:func:`balancer.hybrid.estimate`) at full overlap of the K/V exchange and with only half of it
+overlapping (each scenario is planned with its own cost table). Figures per planner: documents
+cut, attention removed by the cuts, estimated step time summed over the epoch (barrier per round,
+and without barriers), its ratio to the no-cut lower bound, exposed communication, planning time
+per global batch (the planner alone: the per-document cost table is built once per epoch and is
+timed apart).
+
+    ./dev python tools/bench_hybrid.py [--models llama-7b,llama-70b] [--workloads prolong,longtail]
+        [--ranks 64] [--rank-capacity 32768] [--rounds 4] [--batches N] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from balancer import workloads  # noqa: E402
+from balancer.cp_cost import CPCostModel, CPHardware  # noqa: E402
+from balancer.hybrid import (estimate, plan_fixed_cp, plan_hybrid,  # noqa: E402
+                             plan_hybrid_stream, plan_megatron_hybrid)
+from packing.hybrid_cp import concat_plans, plan_batch  # noqa: E402
+
+
+def long_tail(n: int, seed: int = 0, long_fraction: float = 0.0075) -> np.ndarray:
+    """Short SFT-like documents (lognormal, median 700, clipped to 16..32K) plus
+    ``long_fraction`` of documents log-uniform on 128K..1M tokens (seeded)."""
+    rng = np.random.default_rng(seed)
+    short = np.clip(rng.lognormal(np.log(700), 0.9, n), 16, 32768)
+    lng = np.exp(rng.uniform(np.log(131072), np.log(1048576), n))
+    return np.where(rng.random(n) < long_fraction, lng, short).astype(np.int64)
+
+
+def load_workload(name: str, seed: int, n_longtail: int) -> np.ndarray:
+    if name == "longtail":
+        return long_tail(n_longtail, seed)
+    lengths = workloads.load(name)
+    return lengths[np.random.default_rng(seed).permutation(lengths.shape[0])]
+
+
+def batches(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Consecutive [a, b) ranges: a batch closes with the document that reaches the budget."""
+    cs = np.cumsum(lengths)
+    cuts = np.searchsorted(cs, np.arange(budget, int(cs[-1]) + 1, budget), side="left") + 1
+    bounds = np.unique(np.concatenate([[0], np.minimum(cuts, lengths.shape[0]),
+                                       [lengths.shape[0]]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def run_planner(name, lengths, ranges, model, P, timing):
+    plans, secs = [], []
+    for a, b in ranges:
+        docs = lengths[a:b]
+        if name == "hybrid":
+            tab = model.table(docs, P)
+            t0 = time.perf_counter()
+            p = plan_batch(tab.time, tab.tokens, model.rank_capacity, P, lengths=docs)
+            secs.append(time.perf_counter() - t0)
+        elif name == "megatron_hybrid":
+            t0 = time.perf_counter()
+            p = plan_megatron_hybrid(docs, P, model.rank_capacity)
+            secs.append(time.perf_counter() - t0)
+        else:
+            cp = int(name.removeprefix("fixed_cp"))
+            t0 = time.perf_counter()
+            p = plan_fixed_cp(docs, model, P, cp)
+            secs.append(time.perf_counter() - t0)
+        plans.append(p._replace(item_doc=p.item_doc + a))
+    timing[name] = secs
+    return concat_plans(plans)
+
+
+def passes_per_rank(plan, per_item: bool) -> dict:
+    """Forward/backward passes each rank runs per step: one per round for plans whose groups
+    pack their documents into one microbatch per rank (hybrid, fixed); for Megatron's schedule
+    every document is its own pass, so ranks differ. Returns the smallest and largest count over
+    ranks and steps, and the largest spread within a step."""
+    if not per_item:
+        rps = np.diff(plan.step_rounds)
+        return {"min": int(rps.min()), "max": int(rps.max()), "max_spread_in_a_step": 0}
+    g_of = plan.group_of_entry()
+    rnd = plan.round_of_group()[g_of]
+    step = np.searchsorted(plan.step_rounds, rnd, side="right") - 1
+    P = plan.n_ranks
+    cnt = np.zeros((plan.n_steps, P + 1), dtype=np.int64)
+    off = plan.group_offset[g_of]
+    size = np.where(plan.entry_owner < 0, plan.group_size[g_of], 1)
+    first = off + np.maximum(plan.entry_owner, 0)
+    np.add.at(cnt, (step, first), 1)
+    np.add.at(cnt, (step, first + size), -1)
+    per = np.cumsum(cnt, axis=1)[:, :P]
+    return {"min": int(per.min()), "max": int(per.max()),
+            "max_spread_in_a_step": int((per.max(axis=1) - per.min(axis=1)).max())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="llama-7b,llama-70b")
+    ap.add_argument("--workloads", default="prolong,longtail")
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--rank-capacity", type=int, default=32768)
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="global batch = ranks x rounds x rank capacity tokens")
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=0, help="plan only the first N (0: all)")
+    ap.add_argument("--longtail-docs", type=int, default=100_000)
+    ap.add_argument("--max-delay", type=int, default=2,
+                    help="hybrid_stream: steps a tall document may wait / be read early")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    P, cap = args.ranks, args.rank_capacity
+    budget = P * args.rounds * cap
+    # warm the kernels (compile or load from the cache) outside every timing
+    warm = CPCostModel.from_preset("llama-7b", cap)
+    plan_hybrid(np.array([100, 2 * cap, 5]), warm, P)
+    plan_fixed_cp(np.array([100, 2 * cap, 5]), warm, P, 2)
+    out = {"ranks": P, "rank_capacity": cap, "batch_tokens": budget, "results": []}
+    for wl in args.workloads.split(","):
+        lengths = load_workload(wl, args.seed, args.longtail_docs)
+        ranges = batches(lengths, budget)
+        if args.batches:
+            ranges = ranges[:args.batches]
+        used = lengths[:ranges[-1][1]]
+        longest = int(used.max())
+        for mname in args.models.split(","):
+            for overlap in (1.0, 0.5):
+                hw = CPHardware(gpus_per_node=args.gpus_per_node, overlap=overlap)
+                model = CPCostModel.from_preset(mname, cap, hardware=hw)
+                t0 = time.perf_counter()
+                model.table(used, P)
+                table_s = time.perf_counter() - t0
+                no_cut = next(c for c in (1 << np.arange(P.bit_length())).tolist()
+                              if model.doc_limit(c) >= longest)
+                names = ["hybrid", "hybrid_stream", "megatron_hybrid"] + [
+                    f"fixed_cp{c}" for c in (1 << np.arange(P.bit_length())).tolist()]
+                timing: dict = {}
+                rows = {}
+                for name in names:
+                    extra = {}
+                    if name == "hybrid_stream":
+                        t0 = time.perf_counter()
+                        sr = plan_hybrid_stream(used, model, P, budget, max_delay=args.max_delay,
+                                                max_advance=args.max_delay)
+                        timing[name] = [(time.perf_counter() - t0) / len(ranges)]
+                        plan = sr.plan
+                        moved = sr.delay != 0
+                        extra = {"documents_moved": int(moved.sum()),
+                                 "delay_steps": {"min": int(sr.delay.min()),
+                                                 "max": int(sr.delay.max()),
+                                                 "mean_moved": float(np.abs(
+                                                     sr.delay[moved]).mean()) if moved.any()
+                                                 else 0.0}}
+                    else:
+                        plan = run_planner(name, lengths, ranges, model, P, timing)
+                    e = estimate(plan, model, used)
+                    passes = passes_per_rank(plan, name == "megatron_hybrid")
+                    ms = np.asarray(timing[name]) * 1e3
+                    rows[name] = {
+                        "documents_cut": e.documents_cut,
+                        "attention_removed": round(e.attention_removed, 4),
+                        "est_step_time_total": e.step_time,
+                        "est_step_time_total_async": e.step_time_async,
+                        "lower_bound_total": e.lower_bound,
+                        "lower_bound_ratio": e.step_time / e.lower_bound,
+                        "exposed_comm_fraction": e.exposed_comm_fraction,
+                        "rounds": plan.n_rounds,
+                        "steps": plan.n_steps,
+                        "microbatches_per_rank_per_step": passes,
+                        "plan_ms_per_batch": {"median": float(np.median(ms)),
+                                              "p90": float(np.percentile(ms, 90)),
+                                              "max": float(ms.max())},
+                        **extra,
+                    }
+                hy = rows["hybrid"]["est_step_time_total"]
+                meg = rows["megatron_hybrid"]["est_step_time_total"]
+                fixed = {n: r for n, r in rows.items() if n.startswith("fixed_cp")}
+                best_cut = min(fixed, key=lambda n: fixed[n]["est_step_time_total"])
+                res = {"workload": wl, "model": mname, "overlap": overlap,
+                       "batches": len(ranges), "documents": int(used.shape[0]),
+                       "longest": longest, "no_cut_fixed": f"fixed_cp{no_cut}",
+                       "best_fixed": best_cut, "table_ms_per_batch": table_s / len(ranges) * 1e3,
+                       "hybrid_vs_megatron": hy / meg,
+                       "hybrid_vs_no_cut_fixed": hy / rows[f"fixed_cp{no_cut}"][
+                           "est_step_time_total"],
+                       "hybrid_stream_vs_megatron": rows["hybrid_stream"][
+                           "est_step_time_total"] / meg,
+                       "hybrid_stream_vs_no_cut_fixed": rows["hybrid_stream"][
+                           "est_step_time_total"] / rows[f"fixed_cp{no_cut}"][
+                           "est_step_time_total"],
+                       "strategies": rows}
+                out["results"].append(res)
+                print_result(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def print_result(res):
+    print(f"\n## {res['workload']} x {res['model']}, overlap {res['overlap']:.1f}: "
+          f"{res['batches']} global batches, {res['documents']} documents, longest "
+          f"{res['longest']}; no-cut fixed degree {res['no_cut_fixed']}, best fixed "
+          f"{res['best_fixed']}")
+    print("| planner | cut | attn removed | step time (s) | / lower bound | no-barrier | "
+          "exposed comm | microbatches/rank/step | plan ms/batch (median, max) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, r in res["strategies"].items():
+        pm = r["plan_ms_per_batch"]
+        mb = r["microbatches_per_rank_per_step"]
+        print(f"| {n} | {r['documents_cut']} | {r['attention_removed']:.3f} | "
+              f"{r['est_step_time_total']:.1f} | {r['lower_bound_ratio']:.3f} | "
+              f"{r['est_step_time_total_async']:.1f} | {r['exposed_comm_fraction']:.3f} | "
+              f"{mb['min']}-{mb['max']} | {pm['median']:.2f}, {pm['max']:.2f} |")
+    st = res["strategies"]
+    print(f"hybrid / megatron = {res['hybrid_vs_megatron']:.3f} (stream "
+          f"{res['hybrid_stream_vs_megatron']:.3f}); hybrid / no-cut fixed = "
+          f"{res['hybrid_vs_no_cut_fixed']:.3f} (stream {res['hybrid_stream_vs_no_cut_fixed']:.3f});"
+          f" best fixed {res['best_fixed']} removes {st[res['best_fixed']]['attention_removed']:.1%}"
+          f" of the attention; stream moved {st['hybrid_stream'].get('documents_moved', 0)} "
+          f"documents, delay {st['hybrid_stream'].get('delay_steps')}; cost table "
+          f"{res['table_ms_per_batch']:.2f} ms/batch")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
