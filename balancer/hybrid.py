@@ -62,9 +62,9 @@ def _largest_group(n_ranks: int) -> int:
     return 1 << (int(n_ranks).bit_length() - 1)
 
 
-# ---- planners -------------------------------------------------------------------------------------
+# ---- planners ---------------------------------------------------------------------------------
 def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_limit: OverLimit = "error",
-                candidates: int = 3, local_search: int = 64,
+                candidates: int = 2, local_search: int = 64,
                 table: Optional[CPCostTable] = None) -> HybridPlan:
     """Hybrid plan of one global batch (``lengths``: its documents) on ``n_ranks`` ranks.
 
@@ -87,7 +87,7 @@ def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_limit: OverLi
 
 
 def plan_fixed_cp(lengths, model: CPCostModel, n_ranks: int, cp: int, *, whole: bool = False,
-                  candidates: int = 3, local_search: int = 64) -> HybridPlan:
+                  candidates: int = 2, local_search: int = 64) -> HybridPlan:
     """Fixed CP of degree ``cp``: every round the pool is ``n_ranks / cp`` groups of ``cp``
     ranks; documents longer than a group holds are cut into pieces of that limit (counted).
     ``whole=False`` (standard CP) shards every document over its group; ``whole=True`` lets a
@@ -429,7 +429,7 @@ class StreamResult(NamedTuple):
 
 def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, *,
                        max_delay: int = 2, max_advance: int = 2, over_limit: OverLimit = "error",
-                       candidates: int = 3, local_search: int = 64) -> StreamResult:
+                       candidates: int = 2, local_search: int = 64) -> StreamResult:
     """Hybrid plans of consecutive global batches of about ``batch_tokens`` tokens, where
     **tall** documents (slower on any group than a round of short documents filling a rank's
     memory) may move to a nearby step so that several share one tall round: a document trains
@@ -544,5 +544,5 @@ def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: 
     return StreamResult(concat_plans(plans), doc_step, doc_step - home)
 
 
-__all__ = ["HybridEstimate", "StreamResult", "plan_hybrid_stream", "cut_documents", "estimate", "plan_fixed_cp", "plan_hybrid",
-           "plan_megatron_hybrid", "plan_stream"]
+__all__ = ["HybridEstimate", "StreamResult", "cut_documents", "estimate", "plan_fixed_cp",
+           "plan_hybrid", "plan_hybrid_stream", "plan_megatron_hybrid", "plan_stream"]

@@ -15,26 +15,38 @@ when its slowest rank does); a rank's time is the sum of the per-rank times of i
 (``time[d, k]``: compute plus exposed K/V exchange on a group of ``2^k``, from
 :meth:`balancer.cp_cost.CPCostModel.table`).
 
-Algorithm (one compiled kernel, deterministic, ties to the lower index):
+Algorithm (compiled kernels, deterministic, ties to the lower index):
 
 1. **Round heights.** ``W`` = the pool's work at each document's most area-efficient size;
-   candidate round heights ``H_j = W / (P j)`` for ``j`` rounds, ``j`` from the memory minimum
-   (tokens / (P x rank_capacity)) up, ``candidates`` of them. Each candidate is planned fully and
-   the plan with the smallest estimated step time wins.
-2. **Group documents** (longer than a rank holds, or slower than ``H`` whole), by decreasing area:
-   for each group size from the smallest that fits memory upward, the best-fitting existing group
-   of that size whose round still has room under its height, else a free aligned block in a round
-   whose height admits it; else a new round whose height is the document's (the smallest group
-   reaching ``H``, or the fastest one for a document taller than any round).
+   candidate heights ``H_c = min(W / (P (j + c)), (1 - c/10) F)`` for ``c = 0 .. candidates-1``,
+   ``j`` the memory minimum of rounds (tokens / (P x rank_capacity)) and ``F`` the height of a
+   round of short documents that fills a rank's memory (a round cannot usefully be taller for
+   them). Every candidate is planned (steps 2-3) and the smallest estimated step time wins;
+   step 4 then repairs the winner.
+2. **Group documents**: longer than a rank holds, or slower than ``H`` whole.
+
+   a. *Tall* ones (no group size brings them under ``H``) share tall rounds ("shelves"): a
+      shelf's documents each take the smallest group reaching the shelf's height, groups packed
+      largest first from rank 0 (always aligned), and the height is chosen to minimise
+      ``height - (work short documents can still do in the shelf's free room, by time and by
+      memory) / P``. Shelves are formed greedily (each document joins the shelf whose score
+      rises least, or opens one) and by dynamic programming over documents sorted by their
+      fastest time (consecutive shelves of at most 8), the better kept, then repaired by moving
+      a document to another or a new shelf, or swapping two, while the summed score drops.
+   b. The others, by decreasing area, take the placement that raises least the estimate
+      ``sum over rounds of max(height, H) + (short-document work the rounds cannot absorb) / P``:
+      whole on the least-loaded rank of a round, on an existing group, on a free aligned block of
+      a round (sizes from the smallest that fits memory to one above the smallest reaching
+      ``H``), or a new round of its own height.
 3. **Whole documents** by decreasing time, LPT over all (round, rank) slots keyed by load minus
-   the round's height (a round made tall by a long document takes short ones up to that height),
-   skipping slots whose memory is full; extra rounds of height ``H`` are opened first for the
-   work that the existing rounds cannot absorb (by time and by memory), and one more whenever no
-   slot has room.
+   ``max(round height, H)`` (a round made tall by a long document takes short ones up to that
+   height), slots whose memory is full set aside until a document fits them; rounds of height
+   ``H`` are added first for the work the existing rounds cannot absorb (by time and by memory),
+   and one more whenever no slot has room.
 4. **Repair.** Local search on whole documents: a document on the slowest rank of a round moves
    to the slot with the most room below its own round's maximum (any round), or swaps with a
-   cheaper document on another rank of the same round, while that lowers the round's maximum
-   without raising another's.
+   cheaper document on one of the four least-loaded ranks of the same round, while that lowers
+   the round's maximum without raising another's (at most ``local_search`` sweeps).
 
 Output (:class:`HybridPlan`, CSR, every array int64):
 
@@ -1223,7 +1235,7 @@ def _check_table(time, tokens, rank_capacity, n_ranks):
     return time, tokens, cap, n_ranks
 
 
-def plan_batch(time, tokens, rank_capacity: int, n_ranks: int, *, candidates: int = 3,
+def plan_batch(time, tokens, rank_capacity: int, n_ranks: int, *, candidates: int = 2,
                local_search: int = 64, sizes: tuple | None = None, whole: bool = True,
                fixed: int | None = None, doc_ids=None, lengths=None) -> HybridPlan:
     """Plan one global batch of documents on a pool of ``n_ranks`` ranks.

@@ -104,13 +104,16 @@ def test_hardware_and_model_validation():
 
 
 # ---- the planner --------------------------------------------------------------------------------
-@given(batch(), st.integers(1, 3), st.sampled_from([0, 8]))
-def test_plan_is_valid(b, cand, ls):
+@given(batch(), st.integers(1, 3), st.sampled_from([0, 8]), st.booleans())
+def test_plan_is_valid(b, cand, ls, whole):
     lengths, P, cap = b
     time, tok = synth_table(lengths, P)
-    plan = plan_batch(time, tok, cap, P, candidates=cand, local_search=ls)
+    plan = plan_batch(time, tok, cap, P, candidates=cand, local_search=ls, whole=whole)
     assert ref.violations(plan, tok, cap) == []
     check_plan(plan, tok)
+    if not whole:  # whole documents only on groups of one
+        gs = plan.group_size[plan.group_of_entry()]
+        assert (gs[plan.entry_owner >= 0] == 1).all()
     # documents longer than a rank holds are never whole
     own = np.empty(lengths.shape[0], np.int64)
     own[plan.entry_item] = plan.entry_owner
@@ -272,7 +275,7 @@ def test_megatron_limit():
         plan_megatron_hybrid(np.array([1]), 6, 100)
 
 
-# ---- the estimate ---------------------------------------------------------------------------------
+# ---- the estimate -----------------------------------------------------------------------------
 @settings(max_examples=30)
 @given(batch(max_n=50))
 def test_estimate_matches_reference(b):

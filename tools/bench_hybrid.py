@@ -224,8 +224,9 @@ def print_result(res):
     st = res["strategies"]
     print(f"hybrid / megatron = {res['hybrid_vs_megatron']:.3f} (stream "
           f"{res['hybrid_stream_vs_megatron']:.3f}); hybrid / no-cut fixed = "
-          f"{res['hybrid_vs_no_cut_fixed']:.3f} (stream {res['hybrid_stream_vs_no_cut_fixed']:.3f});"
-          f" best fixed {res['best_fixed']} removes {st[res['best_fixed']]['attention_removed']:.1%}"
+          f"{res['hybrid_vs_no_cut_fixed']:.3f} (stream "
+          f"{res['hybrid_stream_vs_no_cut_fixed']:.3f}); best fixed {res['best_fixed']} removes "
+          f"{st[res['best_fixed']]['attention_removed']:.1%}"
           f" of the attention; stream moved {st['hybrid_stream'].get('documents_moved', 0)} "
           f"documents, delay {st['hybrid_stream'].get('delay_steps')}; cost table "
           f"{res['table_ms_per_batch']:.2f} ms/batch")
