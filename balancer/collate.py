@@ -122,11 +122,11 @@ class PackedDataset(torch.utils.data.Dataset):
             n = int(row.shape[0])
             if (full is not None and n != full) or s + ln > n:
                 want = full if full is not None else f"at least {s + ln}"
+                lost = "cut off" if full is not None and n > full else "missing"
                 raise ValueError(
                     f"sample {i} has {n} tokens but the plan was made for {want} (dataset and "
-                    f"plan disagree: tokens would be {'cut off' if n > (full or 0) else 'missing'}"
-                    f"); re-plan from this dataset's lengths, or tokenize it to the same lengths "
-                    f"the plan was made from")
+                    f"plan disagree: tokens would be {lost}); re-plan from this dataset's "
+                    f"lengths, or tokenize it to the same lengths the plan was made from")
             docs.append(row[s:s + ln])
         return FetchedMicrobatch(ref, docs)
 

@@ -52,9 +52,12 @@ class PlannerConfig(BaseModel):
     shuffle: bool = Field(True, description="shuffle samples each epoch (seed, epoch)")
     global_batch_tokens: Optional[int] = Field(
         None, gt=0, le=MAX_STEP_TOKENS,
-        description="tokens taken per step; default dp x microbatches x capacity")
+        description="tokens taken per step; default dp x microbatches x capacity; at least "
+                    "dp x microbatches (x 2 cp under CP): a step whose budget holds fewer "
+                    "samples than microbatches takes one sample per microbatch")
     global_batch_samples: Optional[int] = Field(
-        None, gt=0, le=MAX_LENGTH, description="samples taken per step instead of a token budget")
+        None, gt=0, le=MAX_LENGTH, description="samples taken per step instead of a token "
+                                               "budget; at least dp x microbatches")
     max_delay: int = Field(4, ge=1, le=MAX_COUNT,
                            description="most steps a sample may wait after it is read")
     max_advance: Optional[int] = Field(
@@ -88,6 +91,48 @@ class PlannerConfig(BaseModel):
         if self.global_batch_tokens is not None and self.global_batch_samples is not None:
             raise ValueError("give global_batch_tokens or global_batch_samples, not both")
         return self
+
+
+def step_budget(layout: Layout, config: PlannerConfig) -> tuple[int, bool]:
+    """``(budget, by_samples)``: what a step takes, in samples (``global_batch_samples``) or in
+    tokens (``global_batch_tokens``, default dp x microbatches x capacity)."""
+    if config.global_batch_samples is not None:
+        return int(config.global_batch_samples), True
+    tokens = config.global_batch_tokens
+    return int(tokens if tokens is not None else layout.dp * layout.microbatches
+               * layout.capacity), False
+
+
+def min_budget(layout: Layout, by_samples: bool) -> int:
+    """The smallest step budget that can hold one sample per microbatch: dp x microbatches
+    samples, or as many tokens times the fewest tokens a sample takes (1, or 2 x cp under CP,
+    where every document is padded to a multiple of 2 x cp)."""
+    per_step = layout.dp * layout.microbatches
+    return per_step if by_samples else per_step * (2 * layout.cp if layout.cp > 1 else 1)
+
+
+def check_budget(layout: Layout, budget: int, by_samples: bool) -> None:
+    """Refuse a step budget that cannot give every microbatch of a step one sample, naming the
+    budget, the layout and the minimum. Every strategy plans a valid epoch for any budget at or
+    above :func:`min_budget` (a step whose budget holds fewer samples than microbatches takes
+    one sample per microbatch)."""
+    low = min_budget(layout, by_samples)
+    if int(budget) >= low:
+        return
+    name = "global_batch_samples" if by_samples else "global_batch_tokens"
+    per_step = layout.dp * layout.microbatches
+    if by_samples:
+        why, unit = "", "samples"
+    else:
+        tok = low // per_step
+        pad = f" (padded to a multiple of 2 x cp={layout.cp})" if layout.cp > 1 else ""
+        why = f" and a sample takes at least {tok} token{'s' if tok > 1 else ''}{pad}"
+        unit = "tokens"
+    raise ValueError(f"{name}={int(budget)} cannot give every microbatch of a step a sample: "
+                     f"the layout dp={layout.dp} x microbatches={layout.microbatches} has "
+                     f"{per_step} microbatches per step{why}, so the smallest budget is {low} "
+                     f"{unit}; raise {name} to at least {low}, or use fewer DP ranks or "
+                     f"microbatches")
 
 
 def load_yaml(path) -> dict:

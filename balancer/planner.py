@@ -17,7 +17,7 @@ import numpy as np
 from packing.chunking import expand_pieces
 
 from . import strategies
-from .config import Layout, PlannerConfig
+from .config import Layout, PlannerConfig, check_budget, step_budget
 from .cost import CostModel
 from .samples import SampleTable
 
@@ -44,8 +44,12 @@ class Plan:
     * ``entry_delay`` (int32[E]): steps each document waited after the planner read it, or,
       negative, how many steps before its turn a heavy document was read ahead (``balanced``
       with ``max_advance``);
-    * ``mb_offsets`` (int64[M + 1]) and ``step_mbs`` (int64[S], microbatches per rank);
-      microbatches are step-major, then rank-major, then in pipeline order;
+    * ``mb_offsets`` (int64[M + 1]) and ``step_mbs`` (int64[S]): the microbatches per DP rank of
+      every step, equal on every rank. A full step has ``layout.microbatches``; a short step --
+      the last of the epoch (and of every window), when what is left fills fewer -- has fewer,
+      only as many as it needs (see :meth:`microbatch_ids`; the sampler's refs carry it as
+      ``step_microbatches``). Microbatches are step-major, then rank-major, then in pipeline
+      order; every one holds at least one document;
     * ``mb_fwd``/``mb_bwd`` (float64[M]): predicted cost of every microbatch (whole model, whole
       CP group; divide by pp for a stage and by cp for a CP rank);
     * ``leftover`` (:class:`Items`): pieces not placed (``tail`` carry or drop).
@@ -84,8 +88,14 @@ class Plan:
         np.cumsum(self.step_mbs * self.layout.dp, out=out[1:])
         return out
 
+    @property
+    def short_steps(self) -> np.ndarray:
+        """int64[k]: the steps with fewer microbatches per rank than ``layout.microbatches``."""
+        return np.flatnonzero(self.step_mbs < self.layout.microbatches)
+
     def microbatch_ids(self, step: int, rank: int) -> np.ndarray:
-        """Microbatch indices of DP ``rank`` in ``step``, in pipeline order."""
+        """Microbatch indices of DP ``rank`` in ``step``, in pipeline order (``step_mbs[step]``
+        of them)."""
         if not 0 <= rank < self.layout.dp:
             raise ValueError(f"rank {rank} is outside 0..{self.layout.dp - 1}")
         start = int(self.step_offsets[step])
@@ -213,11 +223,8 @@ def epoch_stream(samples: SampleTable, cost: CostModel, layout: Layout, config: 
                       np.concatenate([carry_in.length, items.length]))
     stats["carried_in"] = 0 if carry_in is None else len(carry_in)
     sizes = padded_sizes(items.length, layout.cp)
-    if config.global_batch_samples is not None:
-        budget, weights = int(config.global_batch_samples), np.ones(len(items), np.int64)
-    else:
-        budget = int(config.global_batch_tokens or layout.dp * layout.microbatches * layout.capacity)
-        weights = None
+    budget, by_samples = step_budget(layout, config)
+    weights = np.ones(len(items), np.int64) if by_samples else None
     return EpochStream(items, sizes, None, None, budget, weights, stats,
                        costs=_doc_totals(cost, items.length))
 
@@ -314,6 +321,7 @@ def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
     they go first."""
     config = config or PlannerConfig()
     strategies.get(config.strategy)
+    check_budget(layout, *step_budget(layout, config))  # before anything is built
     t0 = time.perf_counter()
     stream = epoch_stream(samples, cost, layout, config, epoch, carry_in)
     wins = stream.windows(config)

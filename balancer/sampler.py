@@ -1,5 +1,5 @@
 """The DataLoader drop-in's batch sampler: this rank's microbatches of the shared plan, step by
-step, resumable mid-epoch.
+step, resumable exactly at any point (mid-epoch, between epochs, with workers reading ahead).
 
 ``PackedBatchSampler`` is a ``Sampler[list[int]]`` for
 ``DataLoader(PackedDataset(ds), batch_sampler=sampler, collate_fn=PackedCollator())``. Every
@@ -307,7 +307,7 @@ class PackedBatchSampler(Sampler):
                 return  # set_epoch / load_state_dict moved the sampler: a stale pass ends
             ref = self.ref(pos)
             self._position = pos + 1  # state_dict() now means "this one was handed out"
-            self._ahead = self._ahead or reads_ahead
+            self._ahead = reads_ahead  # this pass's read-ahead (workers) or none
             yield ref
         if start < n and self._generation == gen:
             self._next = 0

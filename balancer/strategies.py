@@ -4,15 +4,20 @@ baselines it is judged against, all behind one signature::
     fn(sizes int64[n], costs float64[n], layout, config, budget, weights) -> packing.StreamPlan
 
 ``sizes`` are the items' token counts as they occupy a microbatch (CP padding included) and
-``costs`` their forward + backward cost, both in stream (training) order.
+``costs`` their forward + backward cost, both in stream (training) order. ``budget`` is what a
+step takes: tokens (``weights`` None) or samples (``weights`` all ones). Every strategy honours
+it -- a step takes at most its budget plus the item that crosses it, except that it always takes
+at least one item per microbatch -- and a budget below :func:`balancer.config.min_budget` is
+refused (ValueError naming the budget, the layout and the minimum) before anything is planned.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import packing
 
-from .config import Layout, PlannerConfig
+from .config import Layout, PlannerConfig, check_budget
 
 StrategyFn = Callable[..., packing.StreamPlan]
 _REGISTRY: dict[str, StrategyFn] = {}
@@ -23,9 +28,15 @@ def register(name: str, doc: str):
     def deco(fn: StrategyFn) -> StrategyFn:
         if name in _REGISTRY:
             raise ValueError(f"strategy {name!r} is already registered")
-        _REGISTRY[name] = fn
+
+        @functools.wraps(fn)
+        def checked(sizes, costs, layout, config, budget, weights):
+            check_budget(layout, budget, weights is not None)
+            return fn(sizes, costs, layout, config, budget, weights)
+
+        _REGISTRY[name] = checked
         _DOCS[name] = doc
-        return fn
+        return checked
     return deco
 
 
@@ -55,10 +66,12 @@ def rank_units(layout: Layout, config: PlannerConfig) -> bool:
     return layout.pp == 1 and layout.dp > 1
 
 
-@register("sequential", "fill microbatches in arrival order (next fit), consecutive runs per rank")
+@register("sequential", "fill microbatches in arrival order (next fit) up to the step budget, "
+                        "consecutive runs per rank")
 def _sequential(sizes, costs, layout, config, budget, weights):
+    tokens, count = (budget, None) if weights is None else (1 << 62, budget)
     return packing.plan_sequential(sizes, costs, layout.dp, layout.microbatches, layout.capacity,
-                                   tail=config.tail)
+                                   tail=config.tail, budget=tokens, max_items=count)
 
 
 @register("ffd_tokens", "multipack: FFD on tokens over the longest prefix that fits, ranks "

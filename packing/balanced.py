@@ -53,10 +53,13 @@ def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
 
 
 @kernel
-def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, rank_units,
-                          lump_tol, lookahead, max_advance, delay_penalty, pp, entry_item, entry_delay):
+def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget, max_delay,
+                          rank_units, lump_tol, lookahead, max_advance, delay_penalty, pp,
+                          entry_item, entry_delay):
     """Fill ``entry_item``/``entry_delay`` (preallocated, length n); returns (entries written,
-    mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps)."""
+    mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps).
+    ``lump_budget``: the most weight of heavy items a step takes, up to the one crossing it
+    (the step budget when it is below the step's capacity, else unbounded)."""
     n = sizes.shape[0]
     if rank_units:
         n_units = dp
@@ -198,6 +201,30 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                                 pull[npull] = -1 - lpool[q]
                                 pull_est[npull] = lest[q]
                                 npull += 1
+                # the scheduler gives every unit of a step a lump; a budget below the step's
+                # capacity cannot take them all: the lumps going now (at their deadline first,
+                # then scheduled ones in pool order, then look-ahead ones) stop at the one that
+                # crosses the budget, and the others wait for a later step
+                acc = 0
+                for q in range(nls):
+                    k = ls[q]
+                    if step - parr[k] >= max_delay:
+                        acc += w[pool[k]]
+                for q in range(nls):
+                    k = ls[q]
+                    if now[k] and step - parr[k] < max_delay:
+                        if acc < lump_budget:
+                            acc += w[pool[k]]
+                        else:
+                            now[k] = False
+                j = 0
+                for q in range(npull):
+                    if acc < lump_budget:
+                        acc += w[pull[q]]
+                        pull[j] = pull[q]
+                        pull_est[j] = pull_est[q]
+                        j += 1
+                npull = j
             # ---- weight of what goes now ---------------------------------------------------
             emit_w = 0
             pull_w = 0  # look-ahead lumps that will be read now take room too
@@ -279,6 +306,34 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
                     nls += 1
                     np_ += 1
         npull = 0
+        # ---- at least one candidate per microbatch: a step whose budget holds fewer (heavy
+        # lumps, or a small budget) reads on, past the budget, lumps read so going now
+        if pos < n:
+            nc = 0
+            for k in range(np_):
+                if (not _is_lump(pool[k], sizes, costs, cpt, thr) or now[k]
+                        or step - parr[k] >= max_delay):
+                    nc += 1
+            while pos < n and nc < n_bins:
+                if max_advance > 0 and taken[pos]:
+                    pos += 1
+                    continue
+                pool = _grow(pool, np_ + 1)
+                parr = _grow(parr, np_ + 1)
+                now = _grow(now, np_ + 1)
+                pool[np_] = pos
+                parr[np_] = step
+                now[np_] = True
+                if _is_lump(pos, sizes, costs, cpt, thr):
+                    ls = _grow(ls, nls + 1)
+                    ls[nls] = np_
+                    nls += 1
+                else:
+                    pos_cum += w[pos]
+                    fluid_w += w[pos]
+                np_ += 1
+                pos += 1
+                nc += 1
         # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
         nc = 0
         cls = np.empty(np_, dtype=np.int64)
@@ -300,8 +355,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, max_delay, r
             cls[nc] = c
             ck[nc] = k
             nc += 1
-        if pos >= n and nc < n_bins:
-            break
+        if pos >= n:
+            # the stream is read: what is left goes to the tail (``stream._finish_tail``, only
+            # the microbatches it needs) when too few items or tokens remain for a full step
+            ctok = 0
+            for t in range(nc):
+                ctok += sizes[pool[ck[t]]]
+            if nc < n_bins or ctok <= dp * (m - 1) * capacity:
+                break
         ccost = np.empty(nc)
         for t in range(nc):
             ccost[t] = costs[pool[ck[t]]]

@@ -32,6 +32,85 @@ def _next_fit(sizes, capacity, bin_of):
 
 
 @kernel
+def _next_fit_steps(sizes, capacity, per_step, budget, max_items, bin_of, step_end, step_bins):
+    """Next fit in arrival order, cut into steps of at most ``per_step`` bins: a step takes the
+    next item while it fits its bins, its tokens stay within ``budget`` and its item count
+    below ``max_items`` -- but always at least ``per_step`` items, one per bin (an item never
+    exceeds the capacity, so ``per_step`` items always fit ``per_step`` bins). ``bin_of[i]``
+    is item i's bin inside its step; ``step_end[s]`` (exclusive) and ``step_bins[s]`` (bins
+    used, at most ``per_step``) describe step s. Returns the number of steps. With the default
+    budget ``per_step x capacity`` (and no item limit) the budget never binds, and the steps are
+    the runs of ``per_step`` bins of one next fit over the whole stream."""
+    n = sizes.shape[0]
+    pos = 0
+    ns = 0
+    while pos < n:
+        bins = 0
+        used = 0
+        tok = 0
+        cnt = 0
+        while pos < n:
+            sz = sizes[pos]
+            if cnt >= per_step and (tok + sz > budget or cnt >= max_items):
+                break
+            if cnt == 0 or used + sz > capacity:
+                if bins == per_step:
+                    break
+                bins += 1
+                used = 0
+            bin_of[pos] = bins - 1
+            used += sz
+            tok += sz
+            cnt += 1
+            pos += 1
+        step_end[ns] = pos
+        step_bins[ns] = bins
+        ns += 1
+    return ns
+
+
+@kernel
+def _split_runs(sizes, lo, hi, bin_of, n_bins, target, counts):
+    """Split the ``n_bins`` consecutive runs (bins) of items ``lo:hi`` (``bin_of`` their run,
+    ascending) into ``target`` runs, keeping arrival order: repeatedly cut the run holding the
+    most tokens among those with two items or more where its first part reaches half of its
+    tokens. Needs ``hi - lo >= target``; fills ``counts`` (int64[target], items per run)."""
+    start = np.empty(target + 1, dtype=np.int64)
+    tok = np.zeros(target, dtype=np.int64)
+    b = -1
+    for i in range(lo, hi):
+        if bin_of[i] != b:
+            b = bin_of[i]
+            start[b] = i
+        tok[b] += sizes[i]
+    start[n_bins] = hi
+    for t in range(n_bins, target):
+        best = -1
+        for q in range(t):
+            if start[q + 1] - start[q] >= 2 and (best < 0 or tok[q] > tok[best]):
+                best = q
+        a = start[best]
+        e = start[best + 1]
+        acc = 0
+        c = e - 1
+        for i in range(a, e - 1):
+            acc += sizes[i]
+            if 2 * acc >= tok[best]:
+                c = i + 1
+                break
+        if c == e - 1:
+            acc = tok[best] - sizes[e - 1]
+        for q in range(t, best, -1):  # make room for the new run after ``best``
+            start[q + 1] = start[q]
+            tok[q] = tok[q - 1]
+        start[best + 1] = c
+        tok[best + 1] = tok[best] - acc
+        tok[best] = acc
+    for q in range(target):
+        counts[q] = start[q + 1] - start[q]
+
+
+@kernel
 def _decreasing_order(sizes):
     # stable: equal sizes keep their input order, so results do not depend on the sort algorithm
     return np.argsort(-sizes, kind="mergesort")

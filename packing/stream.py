@@ -15,6 +15,11 @@ Every planner returns a :class:`StreamPlan` in the same CSR layout:
 Every microbatch holds at least one item and at most ``capacity`` tokens; every DP rank has the
 same number of microbatches in a step; every item appears exactly once in ``entry_item`` or
 ``leftover``.
+
+A step takes at most its ``budget`` (tokens, or items with ``max_items``/``weights``) plus the
+item that crosses it, but never fewer items than it has microbatches: a step whose budget holds
+fewer items takes one per microbatch. The last step (what is left when the stream ends) gets
+only as many microbatches per rank as it needs (:func:`_pack_fewest`), the same on every rank.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .binpack import _ffd, _next_fit
+from .binpack import _ffd, _next_fit_steps, _split_runs
 from .partition import balanced_equal, kk, kk_equal, lpt_equal
 from .pipeline import pipeline_order
 from .steppack import pack_step
@@ -87,8 +92,9 @@ def _fill_empty_bins(bin_of, costs_k, bin_count):
     empty = np.flatnonzero(bin_count == 0)
     for b in empty:
         donors = bin_count[bin_of] >= 2
-        if not donors.any():
-            raise AssertionError("fewer items than microbatches")  # callers guarantee enough
+        if not donors.any():  # callers guarantee at least one item per microbatch
+            raise AssertionError(f"{bin_of.shape[0]} items cannot fill {bin_count.shape[0]} "
+                                 f"microbatches")
         cand = np.flatnonzero(donors)
         k = cand[np.argmin(costs_k[cand])]
         bin_count[bin_of[k]] -= 1
@@ -146,11 +152,27 @@ def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1)
     return out, counts, placed[o], rest
 
 
+def _pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
+    """Pack ``items`` (priority order) into the fewest microbatches per rank, at most ``m_hi``,
+    that take all of them (from the token lower bound up), so a short final step gets only the
+    microbatches it needs; when even ``m_hi`` cannot take all, ``m_hi`` and the rest as
+    :func:`_pack_exact` returns it. Returns ``(mm, out, counts, idx, rest)``."""
+    need = -(-int(sizes[items].sum()) // (dp * capacity))
+    for mm in range(max(1, min(need, m_hi)), m_hi):
+        out, counts, idx, rest = _pack_exact(items, sizes, costs, dp, mm, capacity, rank_units,
+                                             balance, pp)
+        if rest.shape[0] == 0:
+            return mm, out, counts, idx, rest
+    return (m_hi,) + _pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance,
+                                 pp)
+
+
 def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail, rank_units,
                  balance, pp=1):
     """Emit the items left when the stream is exhausted; every rank keeps the same number of
-    microbatches. Fewer items than DP ranks are merged into the previous step (tail='partial')
-    or returned as leftover ('carry', 'drop')."""
+    microbatches, only as many as the items need (:func:`_pack_fewest`). Fewer items than DP
+    ranks are merged into the previous step (tail='partial') or returned as leftover ('carry',
+    'drop')."""
     guard = 0
     while pool.shape[0]:
         mm = min(m, pool.shape[0] // dp)
@@ -193,8 +215,8 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
             continue
         order = np.lexsort((-costs[pool], -pool_delay))
         pool, pool_delay = pool[order], pool_delay[order]
-        out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, mm, capacity, rank_units,
-                                             balance)
+        _, out, counts, idx, rest = _pack_fewest(pool, sizes, costs, dp, mm, capacity,
+                                                 rank_units, balance, pp)
         builder.emit(out, counts, pool_delay[idx])
         pool, pool_delay = pool[rest], pool_delay[rest] + 1
     return np.zeros(0, np.int64)
@@ -219,29 +241,42 @@ def _check_common(sizes, dp, m, capacity, tail):
 # strategies
 
 
-def plan_sequential(sizes, costs, dp, m, capacity, tail="partial"):
-    """Fill microbatches in arrival order (next fit); every dp*m microbatches form a step and
-    rank r takes the r-th run of m consecutive microbatches. What most packers do."""
+def plan_sequential(sizes, costs, dp, m, capacity, tail="partial", budget=None, max_items=None):
+    """Fill microbatches in arrival order (next fit); a step is the next ``dp*m`` microbatches,
+    or fewer when the step budget (``budget`` tokens, at most ``max_items`` items; default
+    ``dp*m*capacity``, which never binds) ends it first, and rank r takes the r-th run of m
+    consecutive microbatches. A step that fills fewer than ``dp*m`` microbatches within its
+    budget has its fullest runs cut in two (arrival order kept) until every microbatch has an
+    item. What most packers do."""
     _check_common(sizes, dp, m, capacity, tail)
     n = sizes.shape[0]
-    bin_of = np.empty(n, dtype=np.int64)
-    n_bins = int(_next_fit(sizes, np.int64(capacity), bin_of)) if n else 0
     per_step = dp * m
-    full_steps = n_bins // per_step
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    budget = per_step * int(capacity) if budget is None else int(budget)
+    limit = n + 1 if max_items is None else int(max_items)
+    bin_of = np.empty(n, dtype=np.int64)
+    step_end = np.empty(max(n, 1), dtype=np.int64)
+    step_bins = np.empty(max(n, 1), dtype=np.int64)
+    ns = int(_next_fit_steps(sizes, np.int64(capacity), np.int64(per_step), np.int64(budget),
+                             np.int64(limit), bin_of, step_end, step_bins))
+    # the tail: the stream ends before the last step fills its microbatches
+    full = ns - 1 if ns and step_end[ns - 1] == n and step_bins[ns - 1] < per_step else ns
     builder = _Builder(n, dp)
-    counts = np.bincount(bin_of, minlength=n_bins)  # items per microbatch
-    cut = int(counts[:full_steps * per_step].sum())
-    starts = np.zeros(full_steps + 1, dtype=np.int64)  # first item of every full step
-    if full_steps:
-        step_items = counts[:full_steps * per_step].reshape(full_steps, per_step).sum(1)
-        np.cumsum(step_items, out=starts[1:])
     items = np.arange(n, dtype=np.int64)
-    for s in range(full_steps):
-        sl = slice(starts[s], starts[s + 1])
-        builder.emit(items[sl], counts[s * per_step:(s + 1) * per_step],
-                     np.zeros(starts[s + 1] - starts[s], np.int32))
-    # the tail (fewer than dp*m microbatches): as many microbatches per rank as it fills
-    tail_items = items[cut:]
+    counts = np.empty(per_step, dtype=np.int64)
+    lo = 0
+    for s in range(full):
+        hi = int(step_end[s])
+        if step_bins[s] == per_step:
+            c = np.bincount(bin_of[lo:hi], minlength=per_step)
+        else:
+            _split_runs(sizes, np.int64(lo), np.int64(hi), bin_of, step_bins[s],
+                        np.int64(per_step), counts)
+            c = counts.copy()
+        builder.emit(items[lo:hi], c, np.zeros(hi - lo, np.int32))
+        lo = hi
+    # the tail (fewer than dp*m microbatches): only as many microbatches per rank as it needs
+    tail_items = items[lo:]
     leftover = _finish_tail(builder, tail_items, np.zeros(tail_items.shape[0], np.int32), sizes,
                             sizes.astype(np.float64), dp, m, capacity, tail, False, False)
     return builder.finish(leftover)
@@ -278,9 +313,9 @@ def plan_ffd_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_i
                     lo = mid
                 else:
                     hi_bad = mid
-        k = lo
-        if k < per_step or pos + k >= n:
-            break  # the tail: fewer items than microbatches, or the stream ends here
+        k = max(lo, per_step)  # at least one item per microbatch, past the budget if need be
+        if pos + k >= n:
+            break  # the tail: the stream ends in this step
         items = np.arange(pos, pos + k, dtype=np.int64)
         nb, b = _ffd_bins(sizes[pos:pos + k], capacity)
         if nb < per_step:
@@ -327,15 +362,13 @@ def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_it
         end = int(np.searchsorted(cum, base + max(budget - carry_tok, 0), side="right"))
         if max_items is not None:
             end = min(end, pos + max(max_items - carry.shape[0], 0))
-        end = max(end, pos + 1)
+        # at least one item per microbatch, past the budget if need be
+        end = max(end, pos + 1, pos + per_step - carry.shape[0])
         if end >= n:
             break
         pool = np.concatenate([carry, np.arange(pos, end, dtype=np.int64)])
         pool_delay = np.concatenate([carry_delay, np.zeros(end - pos, np.int32)])
         pos = end
-        if pool.shape[0] < per_step:
-            carry, carry_delay = pool, pool_delay + 1
-            continue
         pad = (-pool.shape[0]) % dp
         w = np.concatenate([tok_f[pool], np.zeros(pad)])
         rank = kk_equal(w, dp)[:pool.shape[0]]
@@ -366,6 +399,13 @@ def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_it
                     bins[k] = -1
                     spill.append(k)
         counts = np.bincount(bins[bins >= 0], minlength=per_step)
+        # an empty microbatch takes a spilled item first (any one item fits an empty one)
+        for b in np.flatnonzero(counts == 0):
+            if not spill:
+                break
+            k = spill.pop(0)
+            bins[k] = b
+            counts[b] += 1
         keep = np.flatnonzero(bins >= 0)
         if (counts == 0).any():
             b = bins[keep]
@@ -415,9 +455,12 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     w = sizes if weights is None else np.ascontiguousarray(weights, dtype=np.int64)
     entry_item = np.empty(n, dtype=np.int64)
     entry_delay = np.empty(n, dtype=np.int32)
+    # heavy items going now are held to a token budget below the step's capacity (the outlier
+    # scheduler fills every unit of a step, which only a budget of the whole capacity holds)
+    lump_budget = budget if weights is None and budget < dp * m * capacity else 1 << 62
     ne, mb_counts, step_mbs, rest, rest_arr = _plan_balanced_kernel(
         sizes, costs, w, np.int64(dp), np.int64(m), np.int64(capacity), np.int64(budget),
-        np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
+        np.int64(lump_budget), np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
         np.int64(max_advance if lookahead else 0), float(delay_penalty), np.int64(pp), entry_item,
         entry_delay)
     builder = _Builder(n, dp)

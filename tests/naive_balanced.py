@@ -42,6 +42,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     is_lump = (costs - sizes * cpt) > lump_tol * tc
     cumf = np.cumsum(np.where(is_lump, 0, w))
     horizon = max_delay + 1
+    lump_budget = budget if weights is None and budget < dp * m * capacity else 1 << 62
     builder = _Builder(n, dp)
     taken = np.zeros(n, bool)
     pull = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # look-ahead lumps to read now, est
@@ -79,6 +80,21 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             if max_advance > 0:
                 sel = t[pl.shape[0]:] == 0
                 pull[0], pull[1] = fut[sel], est[sel]
+        # lumps going now stop at the one crossing a budget below the step's capacity: at
+        # their deadline first, then scheduled ones in pool order, then look-ahead ones
+        forced_l = is_lump[pool] & (step - arr >= max_delay)
+        acc = int(w[pool[forced_l]].sum())
+        for k in np.flatnonzero(now & ~forced_l):
+            if acc < lump_budget:
+                acc += int(w[pool[k]])
+            else:
+                now[k] = False
+        keep = np.zeros(pull[0].shape[0], bool)
+        for q in range(pull[0].shape[0]):
+            if acc < lump_budget:
+                acc += int(w[pull[0][q]])
+                keep[q] = True
+        pull[0], pull[1] = pull[0][keep], pull[1][keep]
         return now
 
     while pos < n or pool.shape[0]:
@@ -120,12 +136,25 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             arr = np.concatenate([arr, step + es_])
             now = np.concatenate([now, np.ones(pl_.shape[0], bool)])
         pull[0], pull[1] = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        # at least one candidate per microbatch: read on past the budget (lumps read so go now)
+        short = dp * m - int((~is_lump[pool] | now | (step - arr >= max_delay)).sum())
+        if pos < n and short > 0:
+            rd = []
+            while pos < n and len(rd) < short:
+                if not taken[pos]:
+                    rd.append(pos)
+                pos += 1
+            rd = np.asarray(rd, dtype=np.int64)
+            pool = np.concatenate([pool, rd])
+            arr = np.concatenate([arr, np.full(rd.shape[0], step, np.int64)])
+            now = np.concatenate([now, np.ones(rd.shape[0], bool)])
         delay = step - arr
         forced = delay >= max_delay
         emit = forced | ~is_lump[pool] | now
         cand_idx = np.flatnonzero(emit)
-        if pos >= n and cand_idx.shape[0] < dp * m:
-            break  # the stream is exhausted and too few items remain for a full step
+        if pos >= n and (cand_idx.shape[0] < dp * m
+                         or int(sizes[pool[cand_idx]].sum()) <= dp * (m - 1) * capacity):
+            break  # the stream is read and what is left is no full step: the tail takes it
         cand = pool[cand_idx]
         cls = np.where(forced[cand_idx], 0,
                        np.where(is_lump[cand], 1, np.where(delay[cand_idx] > 0, 2, 3)))

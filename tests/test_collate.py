@@ -117,7 +117,8 @@ def test_adapters():
     assert fa["max_seqlen_q"] == fa["max_seqlen_k"] == 4 and type(fa["max_seqlen_k"]) is int
     hf = hf_flattening(b)
     assert set(hf) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
-                       "max_length_q", "max_length_k"}
+                       "max_length_q", "max_length_k", "use_cache"}
+    assert hf["use_cache"] is False  # a cache object switches off transformers' document mask
     assert hf["input_ids"].shape == (1, 9) and hf["labels"][0].tolist() == \
         [-100, 2, 3, -100, 5, -100, 7, 8, 9]
     assert hf["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]

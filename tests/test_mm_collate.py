@@ -221,3 +221,34 @@ def test_cp_shards_keep_every_placeholder_once():
                 for p in parts:
                     ph = np.flatnonzero(np.isin(p["input_ids"], [61, 62, 63]))
                     assert np.array_equal(np.sort(p["embed_positions"]), ph)
+
+
+# ---- a sample whose text differs from the plan (issue #13 item 4) ----------------------------
+
+@pytest.mark.parametrize("delta", [+5, -1])
+def test_sample_with_more_or_fewer_text_tokens_than_planned_is_an_error_naming_it(delta):
+    table, examples = make_data(28, seed=3)
+    layout = Layout(dp=1, microbatches=2, capacity=96)
+    mp = plan_multimodal(table, tiny_cost(), layout, PlannerConfig(seed=1),
+                         MMConfig(encoder_capacity=10_000))
+    plan = mp.plan
+    mb = 0
+    s = int(plan.entry_sample[plan.entries(mb)][0])
+    ex = examples[s]
+    ids = ex.input_ids
+    text = ids[~np.isin(ids, [MARK.image, MARK.video, MARK.audio])]
+    if delta < 0 and text.shape[0] == 0:
+        pytest.skip("no text token to remove")
+    if delta > 0:
+        ids = np.concatenate([ids, np.full(delta, 7, np.int64)])
+    else:
+        drop = int(np.flatnonzero(~np.isin(ids, [MARK.image, MARK.video, MARK.audio]))[0])
+        ids = np.delete(ids, drop)
+    changed = list(examples)
+    changed[s] = MMExample(ids, ex.media)
+    route = step_route(mp, 0, 0)
+    planned = int(table.lengths[s])
+    with pytest.raises(ValueError, match=rf"sample {s} has {planned + delta} tokens .*but the "
+                                         rf"plan .*{planned}.*re-plan"):
+        collate_microbatch(mp, mb, changed.__getitem__, route, MARK)
+    collate_microbatch(mp, mb, examples.__getitem__, route, MARK)  # the planned data still works

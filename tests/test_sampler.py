@@ -163,6 +163,34 @@ def test_resume_across_epoch_boundary_with_carried_tail():
     assert triplets(list(r)) == e1 and e0 != e1
 
 
+def test_pass_semantics_break_stale_iterators_and_going_back():
+    L = lengths()
+    s = make(L)
+    full = triplets(list(s))
+    it = iter(s)
+    head = [next(it) for _ in range(3)]
+    assert triplets(list(s)) == full  # a pass left unfinished does not move the next start
+    assert s.state_dict()["position"] == len(s)
+    # a pass still open when the sampler moves to another epoch ends instead of handing out
+    # the new epoch's microbatches at the old pass's positions
+    it = iter(s)
+    next(it)
+    s.set_epoch(1)
+    assert list(it) == []
+    assert s.state_dict()["epoch"] == 1 and s.state_dict()["position"] == 0
+    # a restored finished epoch: set_epoch going back is refused, the next epoch is fine
+    s = make(L)
+    s.set_epoch(2)
+    list(s)
+    r = make(L)
+    r.load_state_dict(s.state_dict())
+    with pytest.raises(ValueError, match=r"set_epoch\(1\) .*finished epoch 2.*next epoch is 3"):
+        r.set_epoch(1)
+    r.set_epoch(3)
+    s.set_epoch(3)
+    assert triplets(list(r)) == triplets(list(s)) and len(head) == 3
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(dp=3), "layout"), (dict(seed=5), "seed"), (dict(strategy="sequential"), "plan is"),
 ])
