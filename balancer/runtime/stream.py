@@ -1,0 +1,273 @@
+"""Streaming input: an ``IterableDataset`` wrapper that reads this rank's own stream, buffers one
+global batch over the DP ranks, balances it with :class:`~balancer.runtime.RuntimeBalancer`
+and yields this rank's packed microbatches (the keys of :class:`balancer.collate.PackedCollator`
+plus ``source_rank``/``source_index``).
+
+``source`` is any iterable of rows -- a Hugging Face ``IterableDataset`` (after
+``datasets.distributed.split_dataset_by_node(ds, rank, world_size)``), any
+``torch.utils.data.IterableDataset``, or a ``StatefulDataLoader(ds, batch_size=None,
+num_workers=k)`` to read with workers -- each row a mapping holding ``tokens_column`` or the
+token ids themselves. Use it with ``num_workers=0`` (the step's collectives run in the loading
+process): ``StatefulDataLoader(StreamingPackedDataset(...), batch_size=None)``.
+
+Per step every rank reads rows until the tokens it holds (carried + new) reach
+``tokens_per_rank`` (default: the step budget -- ``global_batch_tokens`` or dp x microbatches x
+capacity -- divided by the ranks still reading), so steps stay full and the carry stays small.
+
+The wrapper owns the source: give it one that has not been iterated yet (its ``state_dict()``
+at construction is where a fresh pass starts; a Hugging Face ``IterableDataset`` keeps reporting
+the state of its last iteration).
+
+Unequal stream lengths (``uneven``), decided from the flags every rank sends with its offers:
+
+* ``"drain"`` (default): read every stream to its end; a rank whose stream ended offers nothing
+  new but still trains samples moved to it; the others read ``budget / ranks still reading``.
+* ``"stop"``: stop reading at the step where any stream ends (that step is trained); the other
+  ranks' unread rows stay in their sources (``stats["unread_ranks"]`` names them, their
+  ``state_dict`` points at the first unread row).
+
+Either way, carried samples are flushed in further steps (``final=True``: the tail merged into a
+step when it fits), and what cannot make a step (fewer samples than DP ranks) is counted with
+its ids in ``stats["unplanned"]``/``["unplanned_ids"]``; empty rows are counted in
+``stats["empty"]``, over-long ones raise (``over_length="error"``) or are counted in
+``stats["skipped"]`` (``"skip"``). Nothing else is left out: every row read is trained once.
+
+``state_dict()`` is the resume point after the last microbatch handed out: the source's state
+at the start of the current step (its ``state_dict()``, or the rows consumed for a source
+without one, skipped again on resume), the samples carried into the step (token tensors), the
+step counter, the microbatches of the step already handed out, and the counters. Loading it on
+every rank and iterating re-reads the step, re-plans it identically and skips what was handed
+out. All ranks must resume from the same step (checked: a mismatch raises on every rank).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Iterator, Literal, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from ..config import Layout, PlannerConfig
+from ..cost import CostModel
+from .balancer import RuntimeBalancer
+from .payload import TOKENS, Columns
+
+STATE_VERSION = 1
+_MAX_IDS = 10_000  # ids kept per counter (the counts are exact)
+
+
+def _stateful(x) -> bool:
+    return callable(getattr(x, "state_dict", None)) and callable(getattr(x, "load_state_dict", None))
+
+
+class StreamingPackedDataset(IterableDataset):
+    """Balanced packed microbatches from per-rank streams (see the module docstring).
+
+    ``layout.dp`` must equal the size of ``group`` (default: the world); ``layout.microbatches``
+    microbatches per rank per step (fewer in the last steps). ``id_column`` names an integer id
+    in the rows (default: ``rank + dp * k`` for this rank's k-th row). ``max_carry``: steps a
+    sample may be carried before it is pinned (default ``config.max_delay``)."""
+
+    def __init__(self, source, cost: CostModel, layout: Layout,
+                 config: Optional[PlannerConfig] = None, *, group=None,
+                 tokens_column: str = "input_ids", id_column: Optional[str] = None,
+                 tokens_per_rank: Optional[int] = None,
+                 uneven: Literal["drain", "stop"] = "drain", max_carry: Optional[int] = None,
+                 over_length: Literal["error", "skip"] = "error", cp_rank: int = 0):
+        if uneven not in ("drain", "stop"):
+            raise ValueError(f"uneven must be 'drain' or 'stop', got {uneven!r}")
+        if tokens_per_rank is not None and tokens_per_rank < 1:
+            raise ValueError(f"tokens_per_rank {tokens_per_rank} must be >= 1")
+        self.source, self.cost, self.layout = source, cost, layout
+        self.config = config or PlannerConfig()
+        self.group, self.tokens_column, self.id_column = group, tokens_column, id_column
+        self.tokens_per_rank, self.uneven = tokens_per_rank, uneven
+        self.max_carry, self.over_length, self.cp_rank = max_carry, over_length, cp_rank
+        self._initial_source = copy.deepcopy(source.state_dict()) if _stateful(source) else None
+        self.epoch = 0
+        self._start = self._fresh()
+        self._mb = 0
+        self.last_step: dict = {}
+
+    # ---- state --------------------------------------------------------------------------
+    def _fresh(self) -> dict:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "step": 0, "position": 0,
+                "source": self._initial_source if _stateful(self.source) else {"consumed": 0},
+                "held": None, "peek": None, "next_local": 0, "active": self.layout.dp,
+                "exhausted": False,
+                "phase": "read",
+                "counters": {"read": 0, "empty": 0, "trained_here": 0, "trained": 0,
+                             "skipped": 0, "skipped_ids": [], "unplanned": 0,
+                             "unplanned_ids": [], "pinned": 0, "carry_bound_exceeded": 0,
+                             "max_age": 0, "steps": 0, "unread_ranks": []}}
+
+    def state_dict(self) -> dict:
+        """Resume point after the last microbatch handed out (see the module docstring)."""
+        st = copy.deepcopy({k: v for k, v in self._start.items() if k not in ("held", "peek")})
+        st["held"], st["peek"] = self._start["held"], self._start.get("peek")  # never modified
+        st["mb"] = self._mb
+        return st
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"stream state version {state.get('version')!r} is not {STATE_VERSION}")
+        state = dict(state)
+        self._mb = int(state.pop("mb"))
+        self._start = state
+        self.epoch = int(state["epoch"])
+
+    @property
+    def stats(self) -> dict:
+        """Counters of this pass up to the current step (global counts are equal on every
+        rank; ``read``/``empty``/``trained_here`` are this rank's)."""
+        return copy.deepcopy(self._start["counters"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start a fresh pass (the source's ``set_epoch`` is called when it has one)."""
+        self.epoch = int(epoch)
+        if callable(getattr(self.source, "set_epoch", None)):
+            self.source.set_epoch(self.epoch)
+        self._start, self._mb = self._fresh(), 0
+
+    # ---- reading --------------------------------------------------------------------------
+    def _open(self, st: dict) -> Iterator:
+        src = st["source"]
+        if _stateful(self.source):
+            if src is not None:
+                self.source.load_state_dict(copy.deepcopy(src))
+            return iter(self.source)
+        it = iter(self.source)
+        for _ in range(int(src["consumed"])):  # a source without state: skip what was read
+            next(it)
+        return it
+
+    def _snapshot(self, consumed: int):
+        if _stateful(self.source):
+            return copy.deepcopy(self.source.state_dict())
+        return {"consumed": consumed}
+
+    def _tokens(self, row) -> torch.Tensor:
+        v = row[self.tokens_column] if isinstance(row, dict) or hasattr(row, "keys") else row
+        return torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v
+                               ).reshape(-1).to(torch.int64)
+
+    def _budget(self) -> int:
+        lay, cfg = self.layout, self.config
+        return int(cfg.global_batch_tokens or lay.dp * lay.microbatches * lay.capacity)
+
+    # ---- iteration ------------------------------------------------------------------------
+    def __iter__(self):
+        if self._start["phase"] == "done":  # a new pass over the source
+            self._start, self._mb = self._fresh(), 0
+        st = self._start
+        it = self._open(st)
+        consumed = int(st["source"]["consumed"]) if not _stateful(self.source) else 0
+        bal = RuntimeBalancer(self.cost, self.layout, self.config, group=self.group,
+                              max_carry=self.max_carry, over_length=self.over_length,
+                              cp_rank=self.cp_rank)
+        lay = self.layout
+        while True:
+            st = self._start
+            if st["phase"] == "done":
+                return
+            held = st["held"]
+            if held is None:
+                bal.set_held([], [], None)
+            else:
+                bal.set_held(held["ids"], held["ages"],
+                             Columns(np.asarray(held["lengths"], np.int64),
+                                     {TOKENS: held["tokens"]}, {}))
+            bal.step_index, bal.position = st["step"], st["position"]
+            c = copy.deepcopy(st["counters"])
+            exhausted, next_local = bool(st["exhausted"]), int(st["next_local"])
+            seqs, ids = [], []
+            peek = st.get("peek")
+            have = 0 if held is None else int(np.sum(held["lengths"]))
+            if peek is not None:  # the row read ahead last step (offered even when flushing)
+                seqs.append(peek["tokens"])
+                ids.append(int(peek["id"]))
+                have += int(peek["tokens"].numel())
+                peek = None
+            if st["phase"] == "read" and not exhausted:
+                target = self.tokens_per_rank or -(-self._budget() // max(st["active"], 1))
+
+                def pull():  # the next non-empty row (id, tokens), or None at the end
+                    nonlocal consumed, next_local
+                    while True:
+                        try:
+                            row = next(it)
+                        except StopIteration:
+                            return None
+                        consumed += 1
+                        k, next_local = next_local, next_local + 1
+                        c["read"] += 1
+                        toks = self._tokens(row)
+                        if toks.numel():
+                            return (int(row[self.id_column]) if self.id_column else
+                                    bal.rank + lay.dp * k), toks
+                        c["empty"] += 1
+
+                while have < target and not exhausted:
+                    got = pull()
+                    if got is None:
+                        exhausted = True
+                        break
+                    ids.append(got[0])
+                    seqs.append(got[1])
+                    have += int(got[1].numel())
+                if not exhausted:  # read one row ahead: a stream's end is known the step it comes
+                    got = pull()
+                    if got is None:
+                        exhausted = True
+                    else:
+                        peek = {"id": got[0], "tokens": got[1]}
+            snapshot = self._snapshot(consumed)
+            cols = Columns.from_sequences(seqs) if seqs else None
+            ends = all if self.uneven == "drain" else any  # this is the last step read
+            res = bal.step(cols, np.asarray(ids, np.int64), header={"exhausted": exhausted},
+                           final=True if st["phase"] == "flush" else
+                           (lambda hs: ends(h["exhausted"] for h in hs)))
+            plan = res.plan
+            flags = [bool(h["exhausted"]) for h in res.stats["headers"]]
+            phase = st["phase"]
+            if phase == "read" and (all(flags) or (self.uneven == "stop" and any(flags))):
+                phase = "flush"
+                c["unread_ranks"] = [r for r, f in enumerate(flags) if not f]
+            if phase == "flush" and plan.carried.size == 0:
+                phase = "done"
+            ps = plan.stats
+            c["trained"] += ps["trained"]
+            c["trained_here"] += sum(len(b["sample_ids"]) for b in res.microbatches)
+            c["skipped"] += ps["skipped"]
+            c["skipped_ids"] = (c["skipped_ids"] + plan.offers.sample_id[plan.skipped].tolist()
+                                )[:_MAX_IDS]
+            c["unplanned"] += ps["unplanned"]
+            c["unplanned_ids"] = (c["unplanned_ids"] +
+                                  plan.offers.sample_id[plan.unplanned].tolist())[:_MAX_IDS]
+            c["pinned"] += ps["pinned"]
+            c["carry_bound_exceeded"] += ps["carry_bound_exceeded"]
+            c["max_age"] = max(c["max_age"], ps["max_age"])
+            c["steps"] += 1 if plan.microbatches else 0
+            h_ids, h_ages, h_cols = bal.held
+            pending = {"version": STATE_VERSION, "epoch": self.epoch, "step": bal.step_index,
+                       "position": bal.position, "source": snapshot,
+                       "held": None if h_cols is None else {
+                           "ids": h_ids.tolist(), "ages": h_ages.tolist(),
+                           "lengths": h_cols.lengths.tolist(),
+                           "tokens": h_cols.token[TOKENS].clone()},
+                       "next_local": next_local, "active": lay.dp - sum(flags), "peek": peek,
+                       "exhausted": exhausted, "phase": phase, "counters": c}
+            self.last_step = {k: v for k, v in res.stats.items() if k != "headers"}
+            mbs, skip = res.microbatches, self._mb
+            if not mbs:
+                self._start, self._mb = pending, 0
+                continue
+            for j, mb in enumerate(mbs):
+                if j < skip:
+                    continue
+                if j + 1 == len(mbs):
+                    self._start, self._mb = pending, 0
+                else:
+                    self._mb = j + 1
+                yield mb

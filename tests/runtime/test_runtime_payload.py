@@ -1,0 +1,119 @@
+"""Payload columns and their byte encoding (round trips, views, schema checks), padded and
+list rollouts into columns, and the balancer in a one-process world (no process group): packed
+keys equal the collator's, results come back in the original order."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from balancer import CostModel, Layout
+from balancer.collate import FetchedMicrobatch, PackedCollator
+from balancer.runtime import Columns, RuntimeBalancer, balance_rollout
+from balancer.runtime.exchange import decode, encode, message_bytes
+from balancer.runtime.payload import csr_positions
+
+DTYPES = [torch.int64, torch.int32, torch.float32, torch.float16, torch.bfloat16, torch.bool,
+          torch.uint8, torch.float64]
+
+
+@given(st.lists(st.integers(0, 9), max_size=8), st.sampled_from(DTYPES), st.sampled_from(DTYPES),
+       st.sampled_from([(), (3,), (2, 2)]))
+@settings(max_examples=60, deadline=None)
+def test_encode_decode_round_trip(lengths, tok_dtype, smp_dtype, trailing):
+    g = torch.Generator().manual_seed(len(lengths))
+    n, t = len(lengths), sum(lengths)
+    tokens = torch.randint(0, 100, (t,), generator=g)
+    extra = (torch.randn((t, *trailing), generator=g) * 10).to(tok_dtype)
+    rows = (torch.randn((n, 5), generator=g) * 10).to(smp_dtype)
+    cols = Columns(np.array(lengths, np.int64), {"input_ids": tokens, "x": extra}, {"r": rows})
+    buf = encode(cols, cols.schema)
+    assert buf.dtype == torch.uint8 and buf.numel() == message_bytes(cols.schema, cols.lengths)
+    assert buf.numel() % 8 == 0
+    back = decode(buf, cols.lengths, cols.schema)
+    for k in cols.token:
+        assert torch.equal(back.token[k], cols.token[k])
+    assert torch.equal(back.sample["r"], rows)
+    # take: any order, repeated, empty
+    idx = np.array([i for i in range(n)][::-1] + ([0] if n else []), np.int64)
+    sub = cols.take(idx)
+    for j, i in enumerate(idx):
+        assert torch.equal(sub.rows("x", j), cols.rows("x", int(i)))
+        assert torch.equal(sub.rows("r", j), cols.rows("r", int(i)))
+    assert len(cols.take(np.zeros(0, np.int64))) == 0
+
+
+def test_csr_positions():
+    off = np.array([0, 3, 3, 7])
+    assert csr_positions(off, np.array([2, 0])).tolist() == [3, 4, 5, 6, 0, 1, 2]
+    assert csr_positions(off, np.array([1])).tolist() == []
+
+
+def test_schema_mismatch_is_named():
+    cols = Columns(np.array([2]), {"input_ids": torch.arange(2)}, {})
+    other = Columns(np.array([2]), {"input_ids": torch.arange(2).int()}, {})
+    with pytest.raises(ValueError, match="input_ids"):
+        encode(other, cols.schema)
+    with pytest.raises(ValueError, match="expected a tensor of 3 rows"):
+        Columns(np.array([3]), {"input_ids": torch.arange(2)}, {})
+    with pytest.raises(ValueError, match="wider than 8 bytes"):
+        from balancer.runtime.exchange import check_schema
+        check_schema(Columns(np.array([1]), {"input_ids": torch.arange(1)},
+                             {"c": torch.zeros(1, dtype=torch.complex128)}).schema)
+
+
+def test_from_padded_left_and_right_padding():
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 0, 0]])
+    ids = torch.arange(15).reshape(3, 5) * mask
+    batch = {"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1),
+             "lp": ids.float() / 2, "adv": torch.randn(3, 2), "reward": torch.tensor([1., 2, 3])}
+    cols = Columns.from_padded(batch)
+    assert cols.lengths.tolist() == [3, 5, 1]
+    assert cols.rows("input_ids", 0).tolist() == [1, 2, 3]
+    assert cols.rows("input_ids", 2).tolist() == [12]
+    assert "position_ids" not in cols.token and set(cols.sample) == {"adv", "reward"}
+    assert torch.equal(cols.rows("lp", 1), ids[1].float() / 2)
+    with pytest.raises(ValueError, match="only tensors travel"):
+        Columns.from_padded(dict(batch, uid=["a", "b", "c"]))
+
+
+def test_one_rank_balancer_matches_the_collator_and_restores():
+    rng = np.random.default_rng(0)
+    L = rng.integers(1, 300, 40)
+    seqs = [torch.as_tensor(rng.integers(0, 50, n)) for n in L]
+    lp = [torch.randn(int(n)) for n in L]
+    r = balance_rollout(seqs, CostModel.quadratic(512), 512, extras={"lp": lp})
+    assert r.plan.microbatches == len(r.microbatches) >= -(-int(L.sum()) // 512)
+    seen = []
+    for mb in r.microbatches:
+        docs = [seqs[i].numpy() for i in mb["source_index"].tolist()]
+        ref = PackedCollator()(FetchedMicrobatch(list(range(len(docs))), docs))
+        for k in ("input_ids", "labels", "shift_labels", "position_ids", "cu_seqlens",
+                  "document_ids"):
+            assert torch.equal(mb[k], ref[k]), k
+        assert mb["max_seqlen"] == ref["max_seqlen"] and int(mb["cu_seqlens"][-1]) <= 512
+        assert mb["step_loss_tokens"] == int((L - 1).sum())
+        seen += mb["source_index"].tolist()
+    assert sorted(seen) == list(range(40))
+    back = r.restore([{"out": mb["lp"] + mb["input_ids"], "n": mb["cu_seqlens"][1:] * 1.0}
+                      for mb in r.microbatches], kinds={"n": "sample"})
+    for i in range(40):
+        assert torch.equal(back["out"][i], lp[i] + seqs[i])
+    assert back["n"].shape == (40,)
+
+
+def test_balancer_carries_and_offers_again():
+    lay = Layout(dp=1, microbatches=1, capacity=100)
+    bal = RuntimeBalancer(CostModel.quadratic(128), lay)
+    cols = Columns.from_sequences([torch.arange(60), torch.arange(70), torch.arange(10)])
+    r = bal.step(cols, ids=[5, 6, 7])
+    ids, ages, held = bal.held
+    got = sorted(r.microbatches[0]["sample_ids"].tolist())
+    assert sorted(got + ids.tolist()) == [5, 6, 7] and (ages == 1).all()
+    r2 = bal.step(None, final=True)
+    assert sorted(got + [i for b in r2.microbatches for i in b["sample_ids"].tolist()]) == [5, 6, 7]
+    assert len(bal.held[0]) == 0 and r2.plan.offers.age.max() == 1
+    with pytest.raises(ValueError, match="layout.dp 2 differs"):
+        RuntimeBalancer(CostModel.quadratic(128), lay.model_copy(update={"dp": 2}))
+    with pytest.raises(ValueError, match="collide"):
+        bal.step(Columns(np.array([2]), {"input_ids": torch.arange(2), "labels": torch.arange(2)},
+                         {}))

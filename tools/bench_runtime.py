@@ -1,0 +1,333 @@
+"""Benchmark of run-time balancing (balancer.runtime) against verl's balancing, side by side.
+
+1. Planning, simulated in one process: ``--ranks`` (64) DP ranks x ``--samples`` (4,096)
+   samples per step, RL-like lengths (prompt U[64, 1024] + response lognormal, median 1,200,
+   clipped to 15,360) and a real workload (``--workload``, resampled per step); per step:
+   planning time (median), per-rank imbalance (slowest rank's forward + backward cost over the
+   mean and over a lower bound: max(mean, the dearest sample)), the largest microbatch in tokens
+   against the capacity, microbatches per rank; and the same for a re-implementation of verl's
+   ``_balance_batch`` + ``rearrange_micro_batches`` on the same batch.
+2. Real gloo collectives at ``--gloo-ranks`` (4) ranks with ``--samples`` samples per step in
+   total: bytes and seconds per step of the offer all-gather, the all-to-all of the payload
+   (token ids int64 + per-token log-probs float32 + a per-sample advantage), collation, and the
+   way back (per-token results).
+
+  ./dev python tools/bench_runtime.py [--json out/bench_runtime.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import heapq
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+# ---- verl's balancing, re-implemented ---------------------------------------------------------
+# Our own code following the behaviour of verl (volcengine/verl, Apache-2.0),
+# verl/utils/seqlen_balancing.py (karmarkar_karp, get_seqlen_balanced_partitions,
+# calculate_workload, rearrange_micro_batches) and verl/trainer/ppo/ray_trainer.py
+# (_balance_batch), as of January 2026: pure-Python largest differencing over a heap of partial
+# k-way partitions; the DP split balances the workload 24576 L + L^2 with equal sample counts;
+# each rank then cuts its share into ceil(tokens / max_token_len) microbatches (the largest
+# count over the DP ranks), balanced by the same workload without a token limit per microbatch.
+
+class _Part:
+    __slots__ = ("total", "items")
+
+    def __init__(self):
+        self.total, self.items = 0, []
+
+    def key(self):
+        return (self.total, len(self.items), self.items)
+
+
+class _State:
+    """A partial k-way partition; parts kept in decreasing order."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, items, k):
+        self.parts = [_Part() for _ in range(k)]
+        for p, (idx, val) in zip(self.parts, items):
+            p.items.append((idx, val))
+            p.total += val
+        self.parts.sort(key=_Part.key, reverse=True)
+
+    @property
+    def spread(self):
+        return self.parts[0].total - self.parts[-1].total
+
+    def merge(self, other):
+        k = len(self.parts)
+        for i in range(k):  # the largest with the other's smallest
+            src = other.parts[k - 1 - i]
+            self.parts[i].items.extend(src.items)
+            self.parts[i].total += src.total
+        self.parts.sort(key=_Part.key, reverse=True)
+
+    def __lt__(self, other):  # the heap pops the largest spread first
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return self.parts[0].key() > other.parts[0].key()
+
+
+def verl_kk(values, k, equal_size):
+    ordered = sorted((v, i) for i, v in enumerate(values))
+    heap = []
+    if equal_size:
+        assert len(values) % k == 0
+        for o in range(0, len(ordered), k):
+            heapq.heappush(heap, _State([(i, v) for v, i in ordered[o:o + k]], k))
+    else:
+        for v, i in ordered:
+            heapq.heappush(heap, _State([(i, v)], k))
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        a.merge(b)
+        heapq.heappush(heap, a)
+    return [sorted(i for i, _ in p.items) for p in heap[0].parts]
+
+
+def verl_workload(lengths):
+    return 24576 * lengths + lengths ** 2
+
+
+def verl_balance(lengths, dp, max_token_len):
+    """-> (rank of every sample, microbatch of every sample (global id), microbatches per rank,
+    seconds: DP split, per-rank microbatching on the slowest rank, summed over ranks)."""
+    t0 = time.perf_counter()
+    w = verl_workload(lengths.astype(np.int64)).tolist()
+    parts = verl_kk(w, dp, equal_size=True)
+    for p in parts:  # smaller ones at both ends (verl's pipeline-bubble ordering)
+        p.sort(key=lambda x: (w[x], x))
+        p[:] = p[::2] + p[1::2][::-1]
+    t_split = time.perf_counter() - t0
+    n_mb = max(min(len(p), -(-int(lengths[p].sum()) // max_token_len)) for p in parts)
+    rank = np.empty(lengths.shape[0], np.int64)
+    mb = np.empty(lengths.shape[0], np.int64)
+    times = []
+    for r, p in enumerate(parts):
+        t1 = time.perf_counter()
+        seq = lengths[p]
+        wl = verl_workload(seq.astype(np.int64)).tolist()
+        mbs = verl_kk(wl, n_mb, equal_size=False)
+        mbs.sort(key=lambda q: (sum(wl[i] for i in q), q[0] if q else 0), reverse=True)
+        mbs = mbs[::2][::-1] + mbs[1::2]
+        times.append(time.perf_counter() - t1)
+        for j, q in enumerate(mbs):
+            for i in q:
+                rank[p[i]], mb[p[i]] = r, r * n_mb + j
+    return rank, mb, n_mb, (t_split, max(times), sum(times))
+
+
+# ---- workloads and metrics --------------------------------------------------------------------
+
+def rl_lengths(rng, n):
+    prompt = rng.integers(64, 1025, n)
+    resp = np.clip(rng.lognormal(np.log(1200), 0.9, n), 16, 15360).astype(np.int64)
+    return prompt + resp
+
+
+def metrics(cost, lengths, rank, mb, dp, n_mb, capacity):
+    doc = cost.doc_total(lengths)
+    cf, cb = cost.microbatch_constant
+    rank_cost = np.bincount(rank, weights=doc, minlength=dp) + n_mb * (cf + cb)
+    rank_tok = np.bincount(rank, weights=lengths, minlength=dp)
+    mb_tok = np.bincount(mb, weights=lengths, minlength=dp * n_mb)
+    bound = max(rank_cost.mean(), doc.max() + n_mb * (cf + cb))
+    counts = np.bincount(rank, minlength=dp)
+    return {"max_over_mean": rank_cost.max() / rank_cost.mean(),
+            "max_over_bound": rank_cost.max() / bound,
+            "tokens_max_over_mean": rank_tok.max() / rank_tok.mean(),
+            "max_mb_over_capacity": mb_tok.max() / capacity, "microbatches": n_mb,
+            "samples_per_rank": (int(counts.min()), int(counts.max()))}
+
+
+def plan_bench(args, cost, lengths_of_step, capacity):
+    from balancer import Layout
+    from balancer.runtime import Offers, StepPlanner
+    dp = args.ranks
+    planner = StepPlanner(cost, Layout(dp=dp, capacity=capacity), microbatches="auto")
+    rows = {"ours": [], "verl": []}
+    t_ours, t_verl = [], []
+    for s in range(args.steps + 1):
+        L = lengths_of_step(s)
+        per = [(np.arange(r, L.shape[0], dp), L[r::dp]) for r in range(dp)]
+        offers = Offers.from_ranks(per)
+        t0 = time.perf_counter()
+        plan = planner.plan(offers)
+        dt = time.perf_counter() - t0
+        if s == 0:
+            continue  # the first call loads the compiled kernels
+        t_ours.append(dt)
+        dest = plan.dest()
+        mb_of = np.empty(len(offers), np.int64)
+        mb_of[plan.entry] = np.repeat(np.arange(plan.mb_offsets.shape[0] - 1),
+                                      np.diff(plan.mb_offsets))
+        m = metrics(cost, offers.length, dest, mb_of, dp, plan.microbatches, capacity)
+        m["steps"] = 1 if plan.carried.size == 0 else 2
+        rows["ours"].append(m)
+        vr, vm, vn, vt = verl_balance(L, dp, capacity)
+        t_verl.append(vt)
+        rows["verl"].append(metrics(cost, L, vr, vm, dp, vn, capacity))
+    out = {}
+    for name, rs in rows.items():
+        agg = {k: float(np.median([r[k] for r in rs])) for k in
+               ("max_over_mean", "max_over_bound", "tokens_max_over_mean")}
+        agg["max_mb_over_capacity"] = float(max(r["max_mb_over_capacity"] for r in rs))
+        agg["worst_max_over_bound"] = float(max(r["max_over_bound"] for r in rs))
+        agg["microbatches_per_rank"] = [int(min(r["microbatches"] for r in rs)),
+                                        int(max(r["microbatches"] for r in rs))]
+        agg["samples_per_rank"] = [int(min(r["samples_per_rank"][0] for r in rs)),
+                                   int(max(r["samples_per_rank"][1] for r in rs))]
+        out[name] = agg
+    out["ours"]["plan_ms_median"] = 1e3 * float(np.median(t_ours))
+    out["ours"]["plan_ms_max"] = 1e3 * float(np.max(t_ours))
+    out["ours"]["all_in_one_step"] = all(r["steps"] == 1 for r in rows["ours"])
+    tv = np.array(t_verl)
+    out["verl"]["balance_batch_ms_median"] = 1e3 * float(np.median(tv[:, 0]))
+    out["verl"]["rearrange_slowest_rank_ms_median"] = 1e3 * float(np.median(tv[:, 1]))
+    out["verl"]["rearrange_all_ranks_ms_median"] = 1e3 * float(np.median(tv[:, 2]))
+    crit = tv[:, 0] + tv[:, 1]
+    out["verl"]["critical_path_ms_median"] = 1e3 * float(np.median(crit))
+    out["speed_ratio_verl_over_ours"] = float(np.median(crit / np.array(t_ours)))
+    return out
+
+
+# ---- real gloo collectives --------------------------------------------------------------------
+
+def _gloo_rank(rank, world, init, out, args_d):
+    import torch
+    import torch.distributed as dist
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    try:
+        from balancer import load_cost_model
+        from balancer.runtime import balance_rollout
+        cost = load_cost_model(args_d["cost_model"])
+        per_rank = args_d["samples"] // world
+        rows = []
+        for s in range(args_d["gloo_steps"] + 1):
+            rng = np.random.default_rng([s, rank])
+            L = rl_lengths(rng, per_rank)
+            seqs = [torch.from_numpy(rng.integers(0, 32000, int(n))) for n in L]
+            lp = [torch.randn(int(n)) for n in L]
+            adv = torch.randn(per_rank)
+            dist.barrier()
+            t0 = time.perf_counter()
+            r = balance_rollout(seqs, cost, args_d["capacity"], step=s,
+                                extras={"old_log_probs": lp, "advantages": adv})
+            t1 = time.perf_counter()
+            outs = [{"log_probs": b["old_log_probs"] * 0.5} for b in r.microbatches]
+            t2 = time.perf_counter()
+            back = r.restore(outs)
+            t3 = time.perf_counter()
+            ok = all(torch.equal(back["log_probs"][i], lp[i] * 0.5) for i in range(per_rank))
+            st = r.stats
+            # the offer all-gather alone, every rank arriving together
+            from balancer.runtime.gather import gather_offers
+            dist.barrier()
+            t4 = time.perf_counter()
+            gather_offers(np.arange(per_rank), L, np.zeros(per_rank, np.int64),
+                          {"step": s, "schema": None}, None)
+            t_gather = time.perf_counter() - t4
+            rows.append({"gather_bytes_sent": st["gather"]["bytes_sent"],
+                         "gather_bytes_received": st["gather"]["bytes_received"],
+                         "gather_s": t_gather, "gather_in_step_s": st["gather"]["seconds"],
+                         "plan_s": st["plan_seconds"], "collate_s": st["collate_seconds"],
+                         "a2a_bytes_sent": st["exchange"]["bytes_sent"],
+                         "a2a_bytes_received": st["exchange"]["bytes_received"],
+                         "a2a_s": st["exchange"]["seconds"], "step_s": t1 - t0,
+                         "restore_s": t3 - t2, "restored_ok": ok,
+                         "trained_here": sum(len(b["sample_ids"]) for b in r.microbatches),
+                         "tokens_here": sum(int(b["cu_seqlens"][-1]) for b in r.microbatches),
+                         "microbatches": len(r.microbatches)})
+        with open(Path(out) / f"rank{rank}.json", "w") as f:
+            json.dump(rows[1:], f)  # the first step loads the compiled kernels
+    finally:
+        dist.destroy_process_group()
+
+
+def gloo_bench(args):
+    import torch.multiprocessing as mp
+    from balancer import Layout
+    from balancer.runtime import Offers, StepPlanner
+    StepPlanner(load_cost(args), Layout(dp=2, capacity=64), microbatches="auto").plan(
+        Offers.from_ranks([(np.arange(3), np.array([5, 9, 30]))] * 2))  # kernels into the cache
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{Path(tmp) / 'rendezvous'}"
+        mp.start_processes(_gloo_rank, args=(args.gloo_ranks, init, tmp, vars(args)),
+                           nprocs=args.gloo_ranks, join=True, start_method="spawn")
+        ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text())
+                 for r in range(args.gloo_ranks)]
+    med = lambda key, r: float(np.median([row[key] for row in ranks[r]]))  # noqa: E731
+    w = args.gloo_ranks
+    return {"ranks": w, "samples_per_step": args.samples, "steps": args.gloo_steps,
+            "gather_bytes_sent_per_rank": max(med("gather_bytes_sent", r) for r in range(w)),
+            "gather_bytes_received_per_rank": max(med("gather_bytes_received", r) for r in range(w)),
+            "gather_ms": 1e3 * max(med("gather_s", r) for r in range(w)),
+            "gather_in_step_ms": 1e3 * max(med("gather_in_step_s", r) for r in range(w)),
+            "plan_ms": 1e3 * max(med("plan_s", r) for r in range(w)),
+            "collate_ms": 1e3 * max(med("collate_s", r) for r in range(w)),
+            "a2a_bytes_sent_per_rank_max": max(med("a2a_bytes_sent", r) for r in range(w)),
+            "a2a_bytes_total": sum(med("a2a_bytes_sent", r) for r in range(w)),
+            "a2a_ms": 1e3 * max(med("a2a_s", r) for r in range(w)),
+            "balance_call_ms": 1e3 * max(med("step_s", r) for r in range(w)),
+            "restore_ms": 1e3 * max(med("restore_s", r) for r in range(w)),
+            "restored_ok": all(row["restored_ok"] for rs in ranks for row in rs),
+            "samples_per_rank": [min(row["trained_here"] for rs in ranks for row in rs),
+                                 max(row["trained_here"] for rs in ranks for row in rs)],
+            "microbatches_per_rank": sorted({row["microbatches"] for rs in ranks for row in rs})}
+
+
+def load_cost(args):
+    from balancer import load_cost_model
+    return load_cost_model(args.cost_model)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=4096, help="samples per step, all ranks")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--capacity", type=int, default=24576, help="tokens per microbatch "
+                    "(verl: ppo_max_token_len_per_gpu)")
+    ap.add_argument("--cost-model", default="llama-7b")
+    ap.add_argument("--workload", default="wlbllm", help="a real workload, resampled per step")
+    ap.add_argument("--workload-capacity", type=int, default=131072)
+    ap.add_argument("--gloo-ranks", type=int, default=4)
+    ap.add_argument("--gloo-steps", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from balancer import load_cost_model, workloads
+    cost = load_cost_model(args.cost_model)
+    res = {"config": vars(args)}
+    res["rl"] = plan_bench(args, cost, lambda s: rl_lengths(np.random.default_rng(s),
+                                                             args.samples), args.capacity)
+    real = workloads.load(args.workload)
+    res[args.workload] = plan_bench(
+        args, cost, lambda s: np.random.default_rng(1000 + s).choice(real, args.samples),
+        args.workload_capacity)
+    if args.gloo_ranks > 1:
+        res["gloo"] = gloo_bench(args)
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
