@@ -1,0 +1,17 @@
+"""Using the packed loader inside the stacks people train with (each module imports its library
+only when called, so ``balancer`` never needs them installed):
+
+* :mod:`balancer.integrations.hf` — Hugging Face transformers model inputs that keep attention
+  inside each packed document with the model's defaults (``use_cache=False`` with
+  ``position_ids``, an additive float 4D mask, a FlexAttention ``BlockMask``) and
+  :func:`~balancer.integrations.hf.check_inputs`, which refuses combinations known to leak;
+* :mod:`balancer.integrations.accelerate` — :func:`~balancer.integrations.accelerate.prepare_loader`:
+  ``accelerator.prepare`` for a loader whose batch sampler is already per rank (plain
+  ``prepare`` re-shards it and every rank loses ``(n - 1) / n`` of its microbatches);
+* :mod:`balancer.integrations.hf_trainer` — :class:`~balancer.integrations.hf_trainer.PackedTrainerMixin`
+  for ``transformers.Trainer`` and ``trl.SFTTrainer``: one optimizer step per planned global
+  batch, the loss normalised by the plan's step token count;
+* :mod:`balancer.integrations.megatron` — the padded-but-unsharded microbatch
+  (:class:`~balancer.integrations.megatron.PaddedCollator`) and the batch dict Megatron-core's
+  ``get_thd_batch_on_this_cp_rank`` takes (:func:`~balancer.integrations.megatron.megatron_batch`).
+"""
