@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from packing.validate import MAX_LENGTH, MAX_STEP_TOKENS
 
@@ -28,6 +28,15 @@ class Layout(BaseModel):
                               description="microbatches per DP rank per step")
     capacity: int = Field(gt=0, le=MAX_LENGTH, description="tokens per microbatch (whole CP "
                                                            "group, CP padding included)")
+    sync: Literal["step", "microbatch"] = Field(
+        "step", description="when the DP ranks wait for each other, which sets what `balanced` "
+                            "equalises under balance='auto' (pp == 1, dp > 1): 'step' = once per "
+                            "step (DDP with no_sync() gradient accumulation, the gradient "
+                            "all-reduce after the last microbatch): only per-rank sums matter; "
+                            "'microbatch' = after every microbatch (FSDP, ZeRO-3, DeepSpeed, "
+                            "DDP without no_sync, HF Trainer/accelerate with FSDP): every "
+                            "microbatch balanced, the ranks run in lockstep. With pp > 1 or "
+                            "dp == 1 every microbatch is balanced either way")
 
     @model_validator(mode="after")
     def _step_fits(self):
@@ -37,6 +46,16 @@ class Layout(BaseModel):
                              f"{self.capacity} = {step} tokens per step exceeds the limit "
                              f"2**52 ({MAX_STEP_TOKENS})")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # ``sync`` is left out at its default so that a layout dumps (and hashes) exactly as it
+        # did before the field existed: stored plans, their manifests, plan fingerprints and
+        # sampler checkpoints written then still match a default layout now
+        out = handler(self)
+        if isinstance(out, dict) and out.get("sync") == "step":
+            del out["sync"]
+        return out
 
     @property
     def microbatches_per_step(self) -> int:
@@ -71,8 +90,11 @@ class PlannerConfig(BaseModel):
         "partial", description="samples left at the end of an epoch: a smaller final step, "
                                "carried into the next epoch, or dropped (counted)")
     balance: Literal["auto", "microbatch", "rank"] = Field(
-        "auto", description="what `balanced` equalises: every microbatch (needed with pp > 1), "
-                            "or only per-rank sums; auto picks microbatch when pp > 1 or dp == 1")
+        "auto", description="what `balanced` equalises: every microbatch (needed with pp > 1 "
+                            "and when the ranks synchronise per microbatch), or only per-rank "
+                            "sums; auto picks microbatch when pp > 1, dp == 1 or the layout's "
+                            "sync is 'microbatch', else per-rank sums; 'rank' with "
+                            "sync='microbatch' is refused")
     lookahead: bool = Field(True, description="let the outlier scheduler see arriving samples")
     lump_tolerance: float = Field(0.02, gt=0, allow_inf_nan=False, description="excess cost, as a fraction of a "
                                   "unit's typical cost, above which a sample is scheduled")

@@ -58,12 +58,24 @@ def describe(name: str) -> str:
 
 
 def rank_units(layout: Layout, config: PlannerConfig) -> bool:
-    """Whether ``balanced`` equalises whole ranks (True) or every microbatch (False)."""
+    """Whether ``balanced`` equalises whole ranks (True) or every microbatch (False).
+
+    Per-rank sums are the target only when the ranks wait for each other once per step
+    (``layout.sync == "step"``: DDP accumulating under ``no_sync``) and nothing else forces
+    equal microbatches: with pp > 1 every microbatch crosses every stage, with dp == 1 there are
+    no ranks, and with ``sync == "microbatch"`` (FSDP, ZeRO-3) every microbatch ends at a
+    collective, so the step takes the sum over microbatch positions of the slowest rank's
+    microbatch there, which balanced rank sums do not bound."""
     if config.balance == "rank":
+        if layout.sync == "microbatch" and layout.dp > 1:
+            raise ValueError("balance='rank' equalises only per-rank sums, but the layout's "
+                             "sync='microbatch' makes the ranks wait for each other after "
+                             "every microbatch; use balance='auto' or 'microbatch', or "
+                             "sync='step' for DDP with no_sync accumulation")
         return True
     if config.balance == "microbatch":
         return False
-    return layout.pp == 1 and layout.dp > 1
+    return layout.pp == 1 and layout.dp > 1 and layout.sync == "step"
 
 
 @register("sequential", "fill microbatches in arrival order (next fit) up to the step budget, "

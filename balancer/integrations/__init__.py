@@ -11,6 +11,8 @@ only when called, so ``balancer`` never needs them installed):
 * :mod:`balancer.integrations.hf_trainer` — :class:`~balancer.integrations.hf_trainer.PackedTrainerMixin`
   for ``transformers.Trainer`` and ``trl.SFTTrainer``: one optimizer step per planned global
   batch, the loss normalised by the plan's step token count;
+* :mod:`balancer.integrations.sync` — which ``Layout.sync`` a trainer needs (``step`` for DDP with
+  ``no_sync`` accumulation, ``microbatch`` for FSDP/ZeRO-3) and the lockstep imbalance it implies;
 * :mod:`balancer.integrations.megatron` — the padded-but-unsharded microbatch
   (:class:`~balancer.integrations.megatron.PaddedCollator`) and the batch dict Megatron-core's
   ``get_thd_batch_on_this_cp_rank`` takes (:func:`~balancer.integrations.megatron.megatron_batch`).
