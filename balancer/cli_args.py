@@ -79,7 +79,9 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
     if samples is not None and not 1 <= samples <= MAX_LENGTH:
         raise ValueError(f"--samples {samples}: must be between 1 and 2**40 ({MAX_LENGTH})")
     cost = load_cost_model(args.cost_model)
-    capacity = args.capacity if args.capacity is not None else cost.capacity(args.cp, args.pp)
+    rc = getattr(args, "rank_capacity", None)
+    capacity = args.capacity if args.capacity is not None else (
+        args.cp * rc if rc is not None else cost.capacity(args.cp, args.pp))
     try:
         layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
                         capacity=capacity)
@@ -91,3 +93,72 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
     except ValidationError as e:
         raise ValueError(flag_errors(e)) from None
     return cost, layout, config
+
+
+# ---- context parallelism: fixed or hybrid (issue #15) ------------------------------------------
+CP_FLAGS = {"cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity",
+            "gpus_per_node": "--gpus-per-node", "overlap": "--cp-overlap"}
+
+
+def add_cp_args(p: argparse.ArgumentParser) -> None:
+    """``--cp-mode fixed|hybrid`` and ``--rank-capacity TOKENS`` (stable), with the
+    interconnect figures of the CP cost model."""
+    g = p.add_argument_group("context parallelism (fixed or hybrid DP x CP)")
+    g.add_argument("--cp-mode", choices=("fixed", "hybrid"), default="fixed",
+                   help="fixed: every microbatch on a CP group of --cp ranks; hybrid: the "
+                        "--dp x --cp ranks of a stage are one pool and every document gets its "
+                        "own CP degree (balancer.hybrid)")
+    g.add_argument("--rank-capacity", type=int, default=None,
+                   help="tokens one rank holds in one microbatch round (memory); in fixed mode "
+                        "the microbatch capacity is cp x this; needed by --cp-mode hybrid; "
+                        "with it every strategy is also evaluated by the CP cost model "
+                        "(exposed K/V exchange, seconds per GPU)")
+    g.add_argument("--gpus-per-node", type=int, default=8,
+                   help="GPUs on the fast intra-node fabric (CP cost model)")
+    g.add_argument("--cp-overlap", type=float, default=1.0,
+                   help="fraction of the K/V exchange that can overlap attention compute")
+
+
+def build_cp(args):
+    """``(CPCostModel or None, pool ranks, batch tokens)`` from the CP flags; None without
+    ``--rank-capacity`` in fixed mode. Errors name the flag."""
+    from .cp_cost import CPCostModel, CPHardware
+    mode = getattr(args, "cp_mode", "fixed") or "fixed"
+    rc = getattr(args, "rank_capacity", None)
+    if rc is None:
+        if mode == "hybrid":
+            raise ValueError("--cp-mode hybrid needs --rank-capacity TOKENS (the per-rank token "
+                             "limit of one microbatch round)")
+        return None, args.dp * args.cp, None
+    if not 1 <= rc <= MAX_LENGTH:
+        raise ValueError(f"--rank-capacity {rc}: must be between 1 and 2**40 ({MAX_LENGTH})")
+    if args.capacity is not None and mode == "fixed" and args.capacity != args.cp * rc:
+        raise ValueError(f"--capacity {args.capacity} disagrees with --cp {args.cp} x "
+                         f"--rank-capacity {rc} = {args.cp * rc} (in fixed mode the microbatch "
+                         f"capacity is cp x rank capacity); give one of them")
+    if mode == "hybrid":
+        for flag, v in (("--capacity", args.capacity),
+                        ("--global-batch-samples", getattr(args, "global_batch_samples", None))):
+            if v is not None:
+                raise ValueError(f"{flag} {v}: not used by --cp-mode hybrid (a rank holds "
+                                 f"--rank-capacity tokens per round; the step takes "
+                                 f"--global-batch-tokens, default dp x cp x microbatches x "
+                                 f"rank capacity)")
+    try:
+        hw = CPHardware(gpus_per_node=args.gpus_per_node, overlap=args.cp_overlap)
+        model = CPCostModel.from_preset(args.cost_model or "llama-7b", rc, hardware=hw,
+                                        pp=args.pp)
+    except ValueError as e:
+        if not isinstance(e, ValidationError):
+            raise ValueError(f"--cost-model {args.cost_model}: {e}") from None
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            msg = err.get("msg", "invalid").removeprefix("Value error, ")
+            parts.append(f"{CP_FLAGS.get(loc, loc)} {err.get('input')!r}: {msg}" if loc else msg)
+        raise ValueError("; ".join(parts)) from None
+    P = args.dp * args.cp
+    budget = getattr(args, "global_batch_tokens", None) or P * args.microbatches * rc
+    if budget > 2 ** 52:
+        raise ValueError(f"--global-batch-tokens {budget}: exceeds 2**52")
+    return model, P, int(budget)

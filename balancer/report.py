@@ -56,6 +56,10 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
                                       plan.leftover.start + plan.leftover.length]))
     block = metrics.plan_summary(plan, cost, lengths)
     block["problems"] = []
+    # the hybrid interface's keys (issue #15); the exchange is modelled only by --cp-mode hybrid
+    # and tools/bench.py --rank-capacity (balancer.hybrid_eval)
+    block["documents_cut"] = int(block.get("samples_chunked", 0))
+    block["exposed_comm_fraction"] = 0.0 if plan.layout.cp == 1 else None
     block["plan_seconds_per_step"] = block["plan_seconds"] / max(plan.n_steps, 1)
     mb_f, mb_b = mbc = metrics.microbatch_costs(plan, cost)
     block["prediction_max_rel_error"] = metrics.prediction_error(plan, cost, mbc)
@@ -305,6 +309,9 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     """Everything ``python -m balancer report`` does; returns the report dict (with
     ``report_seconds`` and ``files``)."""
     from .compare import warmup
+    if getattr(args, "cp_mode", "fixed") == "hybrid":
+        from .hybrid_report import run_hybrid_report
+        return run_hybrid_report(args, out=out, plots=plots, quiet=quiet)
     t0 = time.perf_counter()
     lengths, wname = _read_lengths(args)
     explicit_strategies = args.strategies is not None
@@ -364,6 +371,7 @@ def _finish(report, details, lengths, cost, out, plots, quiet, t0) -> dict:
 
 def _report_args(p: argparse.ArgumentParser) -> None:
     cli_args.add_workload_args(p)
+    cli_args.add_cp_args(p)
     # None = "not given": a stored plan brings its own cost model and strategy
     p.set_defaults(cost_model=None, strategies=None)
     g = p.add_argument_group("report")

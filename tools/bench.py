@@ -17,11 +17,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from balancer import cli_args, workloads  # noqa: E402
+from balancer import cli_args, hybrid_eval, workloads  # noqa: E402
+from balancer.hybrid_eval import add_fixed_mode_figures  # noqa: E402
 from balancer.compare import compare, format_table, warmup  # noqa: E402
 from balancer.config import Layout, PlannerConfig  # noqa: E402
 from balancer.cost import load_cost_model  # noqa: E402
-from balancer.planner import plan_epoch  # noqa: E402
+from balancer.planner import epoch_order, plan_epoch  # noqa: E402
 from balancer.samples import SampleTable  # noqa: E402
 
 # (title, workload, samples, layout kwargs, config kwargs)
@@ -103,6 +104,7 @@ def _timed(fn) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli_args.add_workload_args(p)
+    cli_args.add_cp_args(p)
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--repeats", type=int, default=3, help="timing repeats (best is kept)")
     p.add_argument("--no-suite", action="store_true",
@@ -115,13 +117,26 @@ def main(argv=None) -> int:
     p.add_argument("--memory-samples", type=int, default=0,
                    help="samples for the peak-memory measurement (0 skips it; try 10000000)")
     args = p.parse_args(argv)
+    try:
+        return _main(args)
+    except ValueError as e:  # bad input: one line naming the flag / sample
+        print("error: " + " ".join(str(e).split("\n")), file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
+    if args.cp_mode == "hybrid":
+        return _hybrid(args)
     names = cli_args.parse_strategies(args.strategies)
     results = []
     if args.lengths:
         cost, layout, config = cli_args.build(args)
+        cp_model = cli_args.build_cp(args)[0]
         lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
         warmup(names, cost, layout, config)
-        res, _ = compare(SampleTable(lengths), cost, layout, config, names, repeats=args.repeats)
+        res, plans = compare(SampleTable(lengths), cost, layout, config, names,
+                             repeats=args.repeats)
+        add_fixed_mode_figures(res, plans, lengths, cp_model)
         res["title"] = args.lengths
         print(format_table(res), flush=True)
         results.append(res)
@@ -161,6 +176,36 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
         print(f"\nwrote {args.json}")
     return 0
+
+
+def _hybrid(args) -> int:
+    """``--cp-mode hybrid``: the pool of dp x cp ranks planned by every hybrid-mode strategy
+    (balancer.hybrid_eval) on the same global batches."""
+    if not args.lengths:
+        raise ValueError("--cp-mode hybrid needs --lengths FILE.npy|NAME")
+    model, P, budget = cli_args.build_cp(args)
+    names = hybrid_eval.parse_strategies(
+        None if args.strategies == ",".join(cli_args.DEFAULT_STRATEGIES) else args.strategies, P)
+    lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
+    # the fixed mode's epoch order (seed, epoch 0): both modes train the same stream
+    order = epoch_order(lengths.shape[0], args.seed, 0)
+    hybrid_eval.warmup(model, P)
+    res, _, _ = hybrid_eval.compare_hybrid(lengths, model, P, budget, names,
+                                           max_delay=args.max_delay, order=order)
+    res = {"title": args.lengths, "cp_mode": "hybrid",
+           "workload": {"samples": int(lengths.shape[0]), "tokens": int(lengths.sum())},
+           "layout": {"dp": args.dp, "pp": args.pp, "cp": args.cp, "cp_mode": "hybrid",
+                      "microbatches": args.microbatches, "rank_capacity": model.rank_capacity,
+                      "pool": P},
+           "batch_tokens": budget, "cost_model": args.cost_model,
+           "overlap": model.hardware.overlap, "gpus_per_node": model.hardware.gpus_per_node,
+           "est_step_time_unit": "seconds per GPU (CP cost model, barrier per round)", **res}
+    print(hybrid_eval.format_table(res), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0 if all(b.get("valid") for b in res["strategies"].values()) else 1
 
 
 if __name__ == "__main__":
