@@ -17,7 +17,7 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
          "microbatches": "--microbatches", "global_batch_tokens": "--global-batch-tokens",
          "global_batch_samples": "--global-batch-samples", "max_delay": "--max-delay",
          "max_advance": "--max-advance", "seed": "--seed", "over_length": "--over-length",
-         "tail": "--tail"}
+         "tail": "--tail", "cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity"}
 
 DEFAULT_STRATEGIES = ("sequential", "ffd_tokens", "kk_tokens", "balanced")
 
@@ -84,7 +84,8 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
         args.cp * rc if rc is not None else cost.capacity(args.cp, args.pp))
     try:
         layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
-                        capacity=capacity)
+                        capacity=capacity, cp_mode=getattr(args, "cp_mode", None) or "fixed",
+                        rank_capacity=rc)
         config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
                                global_batch_samples=args.global_batch_samples,
                                max_delay=args.max_delay,

@@ -37,6 +37,19 @@ class Layout(BaseModel):
                             "DDP without no_sync, HF Trainer/accelerate with FSDP): every "
                             "microbatch balanced, the ranks run in lockstep. With pp > 1 or "
                             "dp == 1 every microbatch is balanced either way")
+    cp_mode: Literal["fixed", "hybrid"] = Field(
+        "fixed", description="'fixed': every microbatch runs on a CP group of `cp` ranks (what "
+                             "plan_epoch and PackedBatchSampler plan); 'hybrid': the dp x cp "
+                             "ranks of a stage form one pool and every document gets its own CP "
+                             "degree on aligned power-of-two groups, per microbatch round "
+                             "(balancer.hybrid, balancer.hybrid_loader); needs rank_capacity")
+    rank_capacity: Optional[int] = Field(
+        None, gt=0, le=MAX_LENGTH,
+        description="tokens one rank holds in one microbatch round (its memory limit, CP "
+                    "padding included); when given, capacity must be cp x rank_capacity (the "
+                    "step budget dp x microbatches x capacity is then the pool's dp x cp x "
+                    "microbatches x rank_capacity in either mode); required by cp_mode "
+                    "'hybrid'")
 
     @model_validator(mode="after")
     def _step_fits(self):
@@ -45,6 +58,13 @@ class Layout(BaseModel):
             raise ValueError(f"dp x microbatches x capacity = {self.dp} x {self.microbatches} x "
                              f"{self.capacity} = {step} tokens per step exceeds the limit "
                              f"2**52 ({MAX_STEP_TOKENS})")
+        if self.cp_mode == "hybrid" and self.rank_capacity is None:
+            raise ValueError("cp_mode 'hybrid' needs rank_capacity (the tokens one rank holds in "
+                             "one microbatch round)")
+        if self.rank_capacity is not None and self.capacity != self.cp * self.rank_capacity:
+            raise ValueError(f"capacity {self.capacity} must be cp x rank_capacity = {self.cp} x "
+                             f"{self.rank_capacity} = {self.cp * self.rank_capacity} (a "
+                             f"microbatch of a CP group holds rank_capacity tokens per rank)")
         return self
 
     @model_serializer(mode="wrap")
@@ -55,6 +75,12 @@ class Layout(BaseModel):
         out = handler(self)
         if isinstance(out, dict) and out.get("sync") == "step":
             del out["sync"]
+        # the same for the CP mode (issue #15): a fixed layout without rank_capacity dumps as
+        # before these fields existed
+        if isinstance(out, dict) and out.get("cp_mode") == "fixed":
+            del out["cp_mode"]
+        if isinstance(out, dict) and "rank_capacity" in out and out["rank_capacity"] is None:
+            del out["rank_capacity"]
         return out
 
     @property

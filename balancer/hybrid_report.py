@@ -185,12 +185,12 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     if lengths is None:
         raise ValueError("give --lengths FILE.npy|NAME or --dataset DIR")
     model, P, budget = cli_args.build_cp(args)
+    layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
     names = parse_strategies(args.strategies, P)
     warmup(model, P)
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
-        layout={"dp": args.dp, "pp": args.pp, "cp": args.cp, "microbatches": args.microbatches},
-        workload=wname)
+        layout=layout.model_dump(), workload=wname)
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     files = write_plots(report, outp) if plots else {}

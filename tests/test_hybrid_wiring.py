@@ -180,7 +180,7 @@ def test_bench_json_keys_in_both_modes(tmp_path):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--cp-mode", "hybrid", "--dp", "2", "--cp", "2"], "--rank-capacity"),
-    (["--dp", "2", "--cp", "2", "--rank-capacity", "100", "--capacity", "300"], "--capacity 300"),
+    (["--dp", "2", "--cp", "2", "--rank-capacity", "100", "--capacity", "300"], "capacity 300"),
     (["--cp-mode", "hybrid", "--dp", "2", "--rank-capacity", "100", "--cost-model",
       "quadratic-64k"], "--cost-model"),
     (["--cp-mode", "hybrid", "--dp", "2", "--rank-capacity", "100", "--cost-model", "llama-7b",
@@ -194,3 +194,22 @@ def test_bad_flags_are_one_line_naming_the_flag(tmp_path, capsys, argv, needle):
     assert _bench().main(argv + ["--lengths", str(f)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and needle in err and "\n" not in err
+
+
+def test_layout_cp_mode_and_rank_capacity():
+    from pydantic import ValidationError
+    lay = Layout(dp=4, cp=2, capacity=8192, cp_mode="hybrid", rank_capacity=4096)
+    assert lay.model_dump()["cp_mode"] == "hybrid" and lay.model_dump()["rank_capacity"] == 4096
+    assert Layout(**lay.model_dump()) == lay
+    # defaults dump exactly as before the fields existed (stored plans still match)
+    assert set(Layout(dp=2, capacity=10).model_dump()) == {"dp", "pp", "cp", "microbatches",
+                                                           "capacity"}
+    assert "cp_mode" not in Layout(dp=2, cp=2, capacity=8, rank_capacity=4).model_dump()
+    with pytest.raises(ValidationError, match="needs rank_capacity"):
+        Layout(dp=2, capacity=10, cp_mode="hybrid")
+    with pytest.raises(ValidationError, match="cp x rank_capacity"):
+        Layout(dp=2, cp=2, capacity=10, rank_capacity=4)
+    with pytest.raises(ValidationError):
+        Layout(dp=2, capacity=10, cp_mode="dynamic")
+    with pytest.raises(ValidationError):
+        Layout(dp=2, capacity=10, rank_capacity=0)

@@ -184,6 +184,7 @@ def _hybrid(args) -> int:
     if not args.lengths:
         raise ValueError("--cp-mode hybrid needs --lengths FILE.npy|NAME")
     model, P, budget = cli_args.build_cp(args)
+    layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
     names = hybrid_eval.parse_strategies(
         None if args.strategies == ",".join(cli_args.DEFAULT_STRATEGIES) else args.strategies, P)
     lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
@@ -194,9 +195,7 @@ def _hybrid(args) -> int:
                                            max_delay=args.max_delay, order=order)
     res = {"title": args.lengths, "cp_mode": "hybrid",
            "workload": {"samples": int(lengths.shape[0]), "tokens": int(lengths.sum())},
-           "layout": {"dp": args.dp, "pp": args.pp, "cp": args.cp, "cp_mode": "hybrid",
-                      "microbatches": args.microbatches, "rank_capacity": model.rank_capacity,
-                      "pool": P},
+           "layout": {**layout.model_dump(), "pool": P},
            "batch_tokens": budget, "cost_model": args.cost_model,
            "overlap": model.hardware.overlap, "gpus_per_node": model.hardware.gpus_per_node,
            "est_step_time_unit": "seconds per GPU (CP cost model, barrier per round)", **res}
