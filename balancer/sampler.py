@@ -116,6 +116,9 @@ class PackedBatchSampler(Sampler):
             self.config = first.config
             self._first = first
             layout = layout or first.layout
+        if layout is not None and getattr(layout, "cp_mode", "fixed") == "hybrid":
+            raise ValueError("layout cp_mode='hybrid': PackedBatchSampler serves fixed CP; use "
+                             "balancer.hybrid_loader.HybridBatchSampler and HybridCollator")
         self.layout = layout
         self._set_ranks(num_replicas, rank, dp_rank, cp_rank, pp_rank, tp)
         self._carry: dict[int, Optional[Items]] = {0: None}

@@ -1,0 +1,217 @@
+"""The DataLoader drop-in of the hybrid DP x CP mode (issue #15, item 4): per microbatch round,
+each rank of the pool gets its whole documents and its zigzag shards of the documents its CP
+group shares, with the group (ranks) each shard belongs to.
+
+``DataLoader(PackedDataset(ds), batch_sampler=HybridBatchSampler(...),
+collate_fn=HybridCollator())`` yields, on every rank of the pool, exactly the same number of
+batches per step (one per round of the plan, :mod:`packing.hybrid_cp`). Pool rank ``p`` of
+``P = dp x cp`` (``pp == 1``; the trainer's global rank by default) in round ``r`` belongs to
+one aligned group ``[offset, offset + size)`` of that round; the group's items are documents
+(or, for ``fixed_cp<c>`` strategies that cut, pieces ``[start, start + length)`` of them),
+each either zigzag-sharded over the whole group (every member holds chunks ``i`` and
+``2 size - 1 - i`` of it, ``i`` its index in the group, :mod:`balancer.cp_shard`) or whole on
+one member. The rank's batch:
+
+* ``whole``: the packed (THD) keys of :func:`balancer.collate.pack_documents` (cp = 1) of the
+  documents it holds whole, or None; ``whole_sample_ids``/``whole_sample_starts`` int64[Nw];
+* ``shard``: the packed keys of the group's sharded documents, this member's zigzag shard
+  (``cp = size``, ``cp_rank = index``: ``cp_index`` locates the shard in the padded group
+  microbatch), or None; ``shard_sample_ids``/``shard_sample_starts`` int64[Ns];
+* ``group_ranks`` (tuple of pool ranks of the group), ``group_size``, ``group_rank`` (this
+  rank's index in it); every member of a group receives the same ``shard_sample_ids``;
+* ``num_loss_tokens`` (labelled tokens this rank holds: whole plus its shard), ``step_loss_tokens``
+  (the whole step's over the pool, from the plan: the loss normaliser, no collective),
+  ``epoch``, ``step``, ``round`` (index inside the step), ``step_rounds``, ``position``,
+  ``last_in_step``.
+
+Summing ``token loss / step_loss_tokens`` over every rank and round of a step, and gradients
+over the pool, trains every token of every document exactly once per epoch
+(``tests/test_hybrid_loader.py`` proves it on 4 gloo ranks).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from .collate import FetchedMicrobatch, pack_documents
+from .config import Layout
+from .cp_cost import CPCostModel
+from .hybrid_eval import plan_strategy
+from .planner import epoch_order
+from .samples import SampleTable
+
+
+class HybridRef(list):
+    """Sample ids of one rank's items in one round (``list[int]``: the ``batch_sampler``
+    contract) plus, as attributes: ``starts``/``lengths``/``sample_lengths`` int64[N] (token
+    range of each item in its sample, planned sample length), ``sharded`` bool[N] (a zigzag
+    shard of the group's document, else whole on this rank), ``group_offset``, ``group_size``,
+    ``group_rank``, ``epoch``, ``step``, ``round``, ``step_rounds``, ``position``,
+    ``step_loss_tokens``."""
+
+    def __init__(self, samples, **meta):
+        super().__init__(samples)
+        self.__dict__.update(meta)
+
+    def __repr__(self):
+        return (f"HybridRef(epoch={self.epoch}, step={self.step}, round={self.round}, group="
+                f"{self.group_offset}+{self.group_size}, samples={list.__repr__(self)})")
+
+
+class HybridBatchSampler(Sampler):
+    """Yields this pool rank's :class:`HybridRef` of every round of the epoch's hybrid plan.
+
+    ``layout`` must have ``cp_mode='hybrid'`` (its ``rank_capacity`` must equal the cost
+    model's) and ``pp == 1``; the pool is ``dp x cp`` ranks. Each epoch is planned in the
+    process that owns the sampler, in the order :func:`balancer.planner.epoch_order` ``(seed,
+    epoch)`` gives, cut into global batches of ``batch_tokens`` (default ``dp x cp x
+    microbatches x rank_capacity``), each planned by ``strategy`` (``hybrid``,
+    ``hybrid_stream``, ``megatron_hybrid`` or ``fixed_cp<c>``: a fixed CP baseline through the
+    same loader). ``rank`` defaults to the process group's rank. Every rank builds the same plan
+    from the same inputs; ``len()`` is the epoch's rounds, equal on every rank."""
+
+    def __init__(self, samples: SampleTable, model: CPCostModel, layout: Layout, *,
+                 strategy: str = "hybrid", seed: int = 0, epoch: int = 0,
+                 rank: Optional[int] = None, batch_tokens: Optional[int] = None,
+                 max_delay: int = 2):
+        if layout.cp_mode != "hybrid":
+            raise ValueError(f"HybridBatchSampler needs a layout with cp_mode='hybrid', got "
+                             f"{layout.cp_mode!r} (PackedBatchSampler serves fixed CP)")
+        if layout.pp != 1:
+            raise ValueError(f"HybridBatchSampler plans one pipeline stage: pp {layout.pp} must "
+                             f"be 1")
+        if layout.rank_capacity != model.rank_capacity:
+            raise ValueError(f"layout rank_capacity {layout.rank_capacity} differs from the cost "
+                             f"model's {model.rank_capacity}")
+        self.samples, self.model, self.layout = samples, model, layout
+        self.P = layout.dp * layout.cp
+        if rank is None:
+            import torch.distributed as dist
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if not 0 <= int(rank) < self.P:
+            raise ValueError(f"rank {rank} is outside the pool 0..{self.P - 1} (dp {layout.dp} x "
+                             f"cp {layout.cp})")
+        self.rank = int(rank)
+        self.strategy, self.seed, self.max_delay = strategy, int(seed), int(max_delay)
+        self.batch_tokens = int(batch_tokens or self.P * layout.microbatches
+                                * layout.rank_capacity)
+        self.epoch = int(epoch)
+        self._plan = None
+        self._plan_epoch = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    @property
+    def plan(self):
+        """The epoch's :class:`packing.hybrid_cp.HybridPlan` (``item_doc`` are sample ids)."""
+        if self._plan_epoch != self.epoch:
+            lengths = self.samples.lengths
+            order = epoch_order(lengths.shape[0], self.seed, self.epoch)
+            plan, _ = plan_strategy(self.strategy, lengths[order], self.model, self.P,
+                                    self.batch_tokens, max_delay=self.max_delay)
+            plan = plan._replace(item_doc=order[plan.item_doc])
+            if not plan.item_length.any():
+                plan = plan._replace(item_length=lengths[plan.item_doc])
+            self._plan, self._plan_epoch = plan, self.epoch
+            self._step_loss = self._loss_tokens(plan)
+        return self._plan
+
+    @staticmethod
+    def _loss_tokens(plan) -> np.ndarray:
+        """int64[S]: labelled tokens of every step (each item's length minus 1)."""
+        g_of = plan.group_of_entry()
+        rnd = plan.round_of_group()[g_of]
+        step = np.searchsorted(plan.step_rounds, rnd, side="right") - 1
+        per = plan.item_length[plan.entry_item] - 1
+        return np.bincount(step, weights=per, minlength=plan.n_steps).astype(np.int64)
+
+    def __len__(self) -> int:
+        return self.plan.n_rounds
+
+    def ref(self, rnd: int) -> HybridRef:
+        """This rank's items of round ``rnd``."""
+        plan = self.plan
+        lo, hi = plan.round_groups[rnd], plan.round_groups[rnd + 1]
+        g = lo + int(np.searchsorted(plan.group_offset[lo:hi], self.rank, side="right")) - 1
+        off, size = int(plan.group_offset[g]), int(plan.group_size[g])
+        me = self.rank - off
+        ent = slice(int(plan.group_entries[g]), int(plan.group_entries[g + 1]))
+        items, owner = plan.entry_item[ent], plan.entry_owner[ent]
+        # a group of one holds its items whole (owner 0); a sharded item is every member's
+        keep = (owner == -1) | (owner == me)
+        sharded = (owner == -1) & (size > 1)
+        items, sharded = items[keep], sharded[keep]
+        step = int(np.searchsorted(plan.step_rounds, rnd, side="right") - 1)
+        docs = plan.item_doc[items]
+        return HybridRef(docs.tolist(), starts=plan.item_start[items].copy(),
+                         lengths=plan.item_length[items].copy(),
+                         sample_lengths=self.samples.lengths[docs].copy(), sharded=sharded,
+                         group_offset=off, group_size=size, group_rank=me, epoch=self.epoch,
+                         step=step, round=int(rnd - plan.step_rounds[step]),
+                         step_rounds=int(plan.step_rounds[step + 1] - plan.step_rounds[step]),
+                         position=int(rnd), step_loss_tokens=int(self._step_loss[step]))
+
+    def __iter__(self):
+        for r in range(len(self)):
+            yield self.ref(r)
+
+
+class HybridCollator:
+    """``collate_fn`` for :class:`balancer.collate.PackedDataset` batches of a
+    :class:`HybridBatchSampler` (keys in the module docstring; torch tensors unless
+    ``return_tensors='np'``)."""
+
+    def __init__(self, return_tensors: str = "pt", pad_token_id: int = 0):
+        if return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}")
+        self.return_tensors, self.pad_token_id = return_tensors, pad_token_id
+
+    def __call__(self, fetched) -> dict:
+        if not isinstance(fetched, FetchedMicrobatch) or not isinstance(fetched.ref, HybridRef):
+            raise ValueError("HybridCollator needs batches of PackedDataset under a "
+                             "HybridBatchSampler")
+        ref, docs = fetched.ref, fetched.docs
+        ids = np.asarray(list(ref), np.int64)
+        sh = np.asarray(ref.sharded, bool)
+        out = {"group_ranks": tuple(range(ref.group_offset, ref.group_offset + ref.group_size)),
+               "group_size": ref.group_size, "group_rank": ref.group_rank,
+               "whole_sample_ids": ids[~sh], "whole_sample_starts": ref.starts[~sh],
+               "shard_sample_ids": ids[sh], "shard_sample_starts": ref.starts[sh]}
+        whole = [d for d, s in zip(docs, sh) if not s]
+        shard = [d for d, s in zip(docs, sh) if s]
+        out["whole"] = pack_documents(whole, 1, 0, None, self.pad_token_id) if whole else None
+        out["shard"] = pack_documents(shard, ref.group_size, ref.group_rank, None,
+                                      self.pad_token_id) if shard else None
+        out["num_loss_tokens"] = sum(p["num_loss_tokens"] for p in (out["whole"], out["shard"])
+                                     if p is not None)
+        for k in ("epoch", "step", "round", "step_rounds", "position", "step_loss_tokens"):
+            out[k] = getattr(ref, k)
+        out["last_in_step"] = ref.round == ref.step_rounds - 1
+        if self.return_tensors == "pt":
+            for k in ("whole", "shard"):
+                if out[k] is not None:
+                    out[k] = {a: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                              for a, v in out[k].items()}
+            for k in ("whole_sample_ids", "whole_sample_starts", "shard_sample_ids",
+                      "shard_sample_starts"):
+                out[k] = torch.from_numpy(out[k])
+        return out
+
+
+def aligned_groups(n_ranks: int) -> list[tuple[int, ...]]:
+    """Every aligned power-of-two block of two or more ranks of a pool, in a fixed order (sizes
+    ascending, then offsets): the process groups a hybrid trainer creates up front, the same
+    ``new_group`` calls on every rank."""
+    out = []
+    g = 2
+    while g <= n_ranks:
+        out += [tuple(range(o, o + g)) for o in range(0, n_ranks - g + 1, g)]
+        g *= 2
+    return out
+
+
+__all__ = ["HybridBatchSampler", "HybridCollator", "HybridRef", "aligned_groups"]
