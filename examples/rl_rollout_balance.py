@@ -10,6 +10,9 @@ the padded position each sample came from, where they are checked against the sa
 applied to the original batch.
 
   ./dev python examples/rl_rollout_balance.py [--world 2] [--steps 2] [--capacity 4096]
+
+Tested with torch 2.13.0+cpu, numba 0.68.1, numpy 2.4.6 (Python 3.11, 2 CPU cores): about 10 s,
+most of it process start-up. verl is not needed (nor installed): the batch only has its layout.
 """
 from __future__ import annotations
 

@@ -8,9 +8,13 @@
    against the capacity, microbatches per rank; and the same for a re-implementation of verl's
    ``_balance_batch`` + ``rearrange_micro_batches`` on the same batch.
 2. Real gloo collectives at ``--gloo-ranks`` (4) ranks with ``--samples`` samples per step in
-   total: bytes and seconds per step of the offer all-gather, the all-to-all of the payload
-   (token ids int64 + per-token log-probs float32 + a per-sample advantage), collation, and the
-   way back (per-token results).
+   total, offered unequally (rank r holds a share proportional to r + 1): bytes and seconds per
+   step of the offer all-gather, the all-to-all of the payload (token ids int64 + per-token
+   log-probs float32 + a per-sample advantage), collation, and the way back (per-token
+   results, checked equal to the originals in order).
+
+Times are medians over ``--steps`` steps measured side by side in one run (each step: our plan,
+then verl's balancing of the same lengths); the ratios are medians of per-step ratios.
 
   ./dev python tools/bench_runtime.py [--json out/bench_runtime.json]
 """
@@ -33,101 +37,143 @@ sys.path.insert(0, str(ROOT))
 
 
 # ---- verl's balancing, re-implemented ---------------------------------------------------------
-# Our own code following the behaviour of verl (volcengine/verl, Apache-2.0),
-# verl/utils/seqlen_balancing.py (karmarkar_karp, get_seqlen_balanced_partitions,
-# calculate_workload, rearrange_micro_batches) and verl/trainer/ppo/ray_trainer.py
-# (_balance_batch), as of January 2026: pure-Python largest differencing over a heap of partial
-# k-way partitions; the DP split balances the workload 24576 L + L^2 with equal sample counts;
-# each rank then cuts its share into ceil(tokens / max_token_len) microbatches (the largest
-# count over the DP ranks), balanced by the same workload without a token limit per microbatch.
+# A re-implementation, written from verl's published code (volcengine/verl, Apache-2.0, commit
+# b178a3c of 29 January 2026): verl/utils/seqlen_balancing.py (calculate_workload,
+# karmarkar_karp, get_seqlen_balanced_partitions, rearrange_micro_batches) and
+# verl/trainer/ppo/ray_trainer.py (RayPPOTrainer._balance_batch). Credit to the verl authors;
+# verl itself is not installed. The same algorithm and the same data types, so that its run time
+# is what verl spends: a pure-Python Karmarkar-Karp (largest differencing over a heap of partial
+# k-way partitions). _balance_batch gives it the workloads 24576 L + L^2 as a torch int64 tensor
+# (the attention mask's row sums), so its sums and comparisons are 0-d tensor operations; the
+# DP split has equal sample counts, and each rank's share is sorted by workload with the smaller
+# ones at both ends. rearrange_micro_batches (on every rank, in parallel) cuts a rank's share
+# into min(samples, ceil(tokens / max_token_len)) microbatches, the largest count over the DP
+# group (all_reduce MAX), with the same Karmarkar-Karp on workloads as a Python list (.tolist())
+# and no token limit per microbatch, then orders them smaller ones at both ends.
 
-class _Part:
-    __slots__ = ("total", "items")
+class _Set:  # verl: karmarkar_karp.Set
+    __slots__ = ("sum", "items")
 
     def __init__(self):
-        self.total, self.items = 0, []
+        self.sum, self.items = 0, []
 
-    def key(self):
-        return (self.total, len(self.items), self.items)
+    def add(self, idx, val):
+        self.items.append((idx, val))
+        self.sum += val
+
+    def merge(self, other):
+        for idx, val in other.items:
+            self.items.append((idx, val))
+            self.sum += val
+
+    def __lt__(self, other):
+        if self.sum != other.sum:
+            return self.sum < other.sum
+        if len(self.items) != len(other.items):
+            return len(self.items) < len(other.items)
+        return self.items < other.items
 
 
-class _State:
-    """A partial k-way partition; parts kept in decreasing order."""
-
-    __slots__ = ("parts",)
+class _State:  # verl: karmarkar_karp.State; sets kept in decreasing order
+    __slots__ = ("k", "sets")
 
     def __init__(self, items, k):
-        self.parts = [_Part() for _ in range(k)]
-        for p, (idx, val) in zip(self.parts, items):
-            p.items.append((idx, val))
-            p.total += val
-        self.parts.sort(key=_Part.key, reverse=True)
+        self.k = k
+        self.sets = [_Set() for _ in range(k)]
+        assert len(items) in (1, k)
+        for i, (idx, seqlen) in enumerate(items):
+            self.sets[i].add(idx=idx, val=seqlen)
+        self.sets = sorted(self.sets, reverse=True)
+
+    def get_partitions(self):
+        return [[idx for idx, _ in s.items] for s in self.sets]
+
+    def merge(self, other):
+        for i in range(self.k):  # the largest with the other's smallest
+            self.sets[i].merge(other.sets[self.k - 1 - i])
+        self.sets = sorted(self.sets, reverse=True)
 
     @property
     def spread(self):
-        return self.parts[0].total - self.parts[-1].total
-
-    def merge(self, other):
-        k = len(self.parts)
-        for i in range(k):  # the largest with the other's smallest
-            src = other.parts[k - 1 - i]
-            self.parts[i].items.extend(src.items)
-            self.parts[i].total += src.total
-        self.parts.sort(key=_Part.key, reverse=True)
+        return self.sets[0].sum - self.sets[-1].sum
 
     def __lt__(self, other):  # the heap pops the largest spread first
         if self.spread != other.spread:
             return self.spread > other.spread
-        return self.parts[0].key() > other.parts[0].key()
+        return self.sets[0] > other.sets[0]
 
 
-def verl_kk(values, k, equal_size):
-    ordered = sorted((v, i) for i, v in enumerate(values))
-    heap = []
+def verl_kk(seqlen_list, k_partitions, equal_size):
+    """verl's get_seqlen_balanced_partitions: Karmarkar-Karp, then every part sorted."""
+    assert len(seqlen_list) >= k_partitions
+    sorted_seqlen_list = sorted([(seqlen, i) for i, seqlen in enumerate(seqlen_list)])
+    states_pq = []
     if equal_size:
-        assert len(values) % k == 0
-        for o in range(0, len(ordered), k):
-            heapq.heappush(heap, _State([(i, v) for v, i in ordered[o:o + k]], k))
+        assert len(seqlen_list) % k_partitions == 0
+        for offset in range(0, len(sorted_seqlen_list), k_partitions):
+            items = []
+            for i in range(k_partitions):
+                seqlen, idx = sorted_seqlen_list[offset + i]
+                items.append((idx, seqlen))
+            heapq.heappush(states_pq, _State(items=items, k=k_partitions))
     else:
-        for v, i in ordered:
-            heapq.heappush(heap, _State([(i, v)], k))
-    while len(heap) > 1:
-        a, b = heapq.heappop(heap), heapq.heappop(heap)
-        a.merge(b)
-        heapq.heappush(heap, a)
-    return [sorted(i for i, _ in p.items) for p in heap[0].parts]
+        for seqlen, idx in sorted_seqlen_list:
+            heapq.heappush(states_pq, _State(items=[(idx, seqlen)], k=k_partitions))
+    while len(states_pq) > 1:
+        state0 = heapq.heappop(states_pq)
+        state1 = heapq.heappop(states_pq)
+        state0.merge(state1)
+        heapq.heappush(states_pq, state0)
+    partitions = states_pq[0].get_partitions()
+    assert all(len(p) > 0 for p in partitions)
+    return [sorted(p) for p in partitions]
 
 
-def verl_workload(lengths):
-    return 24576 * lengths + lengths ** 2
+def verl_workload(seqlen):
+    """verl's calculate_workload (a 7B model's 12 h^2 L + 2 h L^2 over 2 h, h = 4096)."""
+    return 24576 * seqlen + seqlen ** 2
 
 
 def verl_balance(lengths, dp, max_token_len):
-    """-> (rank of every sample, microbatch of every sample (global id), microbatches per rank,
-    seconds: DP split, per-rank microbatching on the slowest rank, summed over ranks)."""
+    """verl's _balance_batch (DP split) then rearrange_micro_batches on every rank ->
+    (rank of every sample, microbatch of every sample (global id), microbatches per rank,
+    seconds: (DP split, microbatching on the slowest rank, microbatching summed over ranks,
+    the DP split on a list of ints))."""
+    import torch
+    seqlen = torch.from_numpy(lengths.astype(np.int64))  # attention_mask.sum(-1)
     t0 = time.perf_counter()
-    w = verl_workload(lengths.astype(np.int64)).tolist()
-    parts = verl_kk(w, dp, equal_size=True)
-    for p in parts:  # smaller ones at both ends (verl's pipeline-bubble ordering)
-        p.sort(key=lambda x: (w[x], x))
-        p[:] = p[::2] + p[1::2][::-1]
+    workload_lst = verl_workload(seqlen)  # a tensor, as in _balance_batch
+    parts = verl_kk(workload_lst, dp, equal_size=True)
+    for idx, partition in enumerate(parts):  # smaller ones at both ends
+        partition.sort(key=lambda x: (workload_lst[x], x))
+        parts[idx] = partition[::2] + partition[1::2][::-1]
     t_split = time.perf_counter() - t0
+    # the same split on a Python list of ints (not what _balance_batch passes): the cost of the
+    # pure-Python Karmarkar-Karp alone, without the 0-d tensor arithmetic
+    t0 = time.perf_counter()
+    as_list = verl_workload(seqlen).tolist()
+    alt = verl_kk(as_list, dp, equal_size=True)
+    for partition in alt:
+        partition.sort(key=lambda x: (as_list[x], x))
+    t_split_list = time.perf_counter() - t0
+    # rearrange_micro_batches: the count every rank agrees on (all_reduce MAX)
     n_mb = max(min(len(p), -(-int(lengths[p].sum()) // max_token_len)) for p in parts)
     rank = np.empty(lengths.shape[0], np.int64)
     mb = np.empty(lengths.shape[0], np.int64)
     times = []
     for r, p in enumerate(parts):
+        seq = torch.from_numpy(lengths[p].astype(np.int64))
         t1 = time.perf_counter()
-        seq = lengths[p]
-        wl = verl_workload(seq.astype(np.int64)).tolist()
-        mbs = verl_kk(wl, n_mb, equal_size=False)
-        mbs.sort(key=lambda q: (sum(wl[i] for i in q), q[0] if q else 0), reverse=True)
-        mbs = mbs[::2][::-1] + mbs[1::2]
+        workloads = verl_workload(seq).tolist()
+        micro_bsz_idx = verl_kk(workloads, n_mb, equal_size=False)
+        micro_bsz_idx.sort(key=lambda q: (sum(workloads[i] for i in q), q[0] if q else 0),
+                           reverse=True)
+        micro_bsz_idx = micro_bsz_idx[::2][::-1] + micro_bsz_idx[1::2]
         times.append(time.perf_counter() - t1)
-        for j, q in enumerate(mbs):
+        for j, q in enumerate(micro_bsz_idx):
             for i in q:
                 rank[p[i]], mb[p[i]] = r, r * n_mb + j
-    return rank, mb, n_mb, (t_split, max(times), sum(times))
+    return rank, mb, n_mb, (t_split, max(times), sum(times), t_split_list)
 
 
 # ---- workloads and metrics --------------------------------------------------------------------
@@ -200,7 +246,13 @@ def plan_bench(args, cost, lengths_of_step, capacity):
     out["verl"]["rearrange_all_ranks_ms_median"] = 1e3 * float(np.median(tv[:, 2]))
     crit = tv[:, 0] + tv[:, 1]
     out["verl"]["critical_path_ms_median"] = 1e3 * float(np.median(crit))
+    # per step, side by side: verl's DP split + the slowest rank's microbatching (its critical
+    # path: ranks cut their shares in parallel) over our whole plan of the same batch
     out["speed_ratio_verl_over_ours"] = float(np.median(crit / np.array(t_ours)))
+    out["speed_ratio_verl_split_only_over_ours"] = float(np.median(tv[:, 0] / np.array(t_ours)))
+    out["verl"]["balance_batch_on_int_list_ms_median"] = 1e3 * float(np.median(tv[:, 3]))
+    out["speed_ratio_verl_on_int_list_over_ours"] = float(
+        np.median((tv[:, 3] + tv[:, 1]) / np.array(t_ours)))
     return out
 
 
@@ -217,7 +269,11 @@ def _gloo_rank(rank, world, init, out, args_d):
         from balancer import load_cost_model
         from balancer.runtime import balance_rollout
         cost = load_cost_model(args_d["cost_model"])
-        per_rank = args_d["samples"] // world
+        # unequal sample counts per rank (weights 1..world): the exchange carries uneven splits
+        w = np.arange(1, world + 1)
+        counts = np.diff(np.round(np.concatenate([[0], np.cumsum(w)]) / w.sum() *
+                                  args_d["samples"]).astype(np.int64))
+        per_rank = int(counts[rank])
         rows = []
         for s in range(args_d["gloo_steps"] + 1):
             rng = np.random.default_rng([s, rank])
@@ -251,6 +307,7 @@ def _gloo_rank(rank, world, init, out, args_d):
                          "a2a_bytes_received": st["exchange"]["bytes_received"],
                          "a2a_s": st["exchange"]["seconds"], "step_s": t1 - t0,
                          "restore_s": t3 - t2, "restored_ok": ok,
+                         "offered_here": per_rank,
                          "trained_here": sum(len(b["sample_ids"]) for b in r.microbatches),
                          "tokens_here": sum(int(b["cu_seqlens"][-1]) for b in r.microbatches),
                          "microbatches": len(r.microbatches)})
@@ -287,6 +344,7 @@ def gloo_bench(args):
             "balance_call_ms": 1e3 * max(med("step_s", r) for r in range(w)),
             "restore_ms": 1e3 * max(med("restore_s", r) for r in range(w)),
             "restored_ok": all(row["restored_ok"] for rs in ranks for row in rs),
+            "offered_per_rank": [rs[0]["offered_here"] for rs in ranks],
             "samples_per_rank": [min(row["trained_here"] for rs in ranks for row in rs),
                                  max(row["trained_here"] for rs in ranks for row in rs)],
             "microbatches_per_rank": sorted({row["microbatches"] for rs in ranks for row in rs})}

@@ -88,7 +88,8 @@ class StreamingPackedDataset(IterableDataset):
         self.epoch = 0
         self._start = self._fresh()
         self._mb = 0
-        self.last_step: dict = {}
+        self.last_step: dict = {}  # the last step's counters, bytes and seconds
+        self.last_plan = None  # the last step's StepPlan (equal on every rank)
 
     # ---- state --------------------------------------------------------------------------
     def _fresh(self) -> dict:
@@ -225,7 +226,8 @@ class StreamingPackedDataset(IterableDataset):
             snapshot = self._snapshot(consumed)
             cols = Columns.from_sequences(seqs) if seqs else None
             ends = all if self.uneven == "drain" else any  # this is the last step read
-            res = bal.step(cols, np.asarray(ids, np.int64), header={"exhausted": exhausted},
+            res = bal.step(cols, np.asarray(ids, np.int64),
+                           header={"exhausted": exhausted, "peek": peek is not None},
                            final=True if st["phase"] == "flush" else
                            (lambda hs: ends(h["exhausted"] for h in hs)))
             plan = res.plan
@@ -234,7 +236,11 @@ class StreamingPackedDataset(IterableDataset):
             if phase == "read" and (all(flags) or (self.uneven == "stop" and any(flags))):
                 phase = "flush"
                 c["unread_ranks"] = [r for r, f in enumerate(flags) if not f]
-            if phase == "flush" and plan.carried.size == 0:
+            # done when nothing is carried and no rank holds a row read ahead: with
+            # uneven="stop" a rank still reading has read one row past the last step
+            # (ending there would lose it); a further flush step offers it
+            peeks = [bool(h.get("peek")) for h in res.stats["headers"]]
+            if phase == "flush" and plan.carried.size == 0 and not any(peeks):
                 phase = "done"
             ps = plan.stats
             c["trained"] += ps["trained"]
@@ -259,6 +265,7 @@ class StreamingPackedDataset(IterableDataset):
                        "next_local": next_local, "active": lay.dp - sum(flags), "peek": peek,
                        "exhausted": exhausted, "phase": phase, "counters": c}
             self.last_step = {k: v for k, v in res.stats.items() if k != "headers"}
+            self.last_plan = plan
             mbs, skip = res.microbatches, self._mb
             if not mbs:
                 self._start, self._mb = pending, 0

@@ -1,9 +1,12 @@
 """Run-time balancing across real gloo process groups (2 and 4 spawned ranks, ``file://``
-rendezvous in tmp_path, a timeout): RL rollouts (padded dicts with an empty rank, variable-length
-lists), payload tensors intact and back in the original order, the plan equal to the offline
-planner's on every rank, an over-capacity sample refused by name on every rank, and streams of
-unequal lengths (an empty one included) trained exactly once under both policies, resumed
-exactly at several points through StatefulDataLoader."""
+rendezvous in tmp_path, a timeout): RL rollouts (padded dicts, variable-length lists, an empty
+rank, a rank whose only sample fills a whole microbatch, one sample per rank), payload tensors
+intact and back in the original order, every plan equal to the offline planner's on every rank
+(RL steps and every step of the streams), an over-capacity sample refused by name on every rank
+(rollouts and streams), and streams of unequal lengths (an empty one included, a row as long as
+the capacity, carried samples flushed at the end) trained exactly once under both policies,
+from a plain ``IterableDataset`` and a Hugging Face ``IterableDataset`` split with
+``split_dataset_by_node``, resumed exactly at several points through StatefulDataLoader."""
 import io
 
 import numpy as np
@@ -87,13 +90,22 @@ def _rl(rank, world, out):
     seqs = [torch.randint(0, 50, (int(torch.randint(1, CAP, (1,), generator=g)),), generator=g)
             for _ in range(n)]
     lp = [torch.randn(len(s), generator=g) for s in seqs]
+    ids2 = [5000 + 100 * rank + i for i in range(n)]
     r2 = balance_rollout(seqs, cost, CAP, extras={"lp": lp, "score": torch.arange(n) * 1.0},
-                         step=1)
+                         step=1, ids=ids2)
     outs2 = [{"lp": mb["lp"] * 3, "score": mb["score"] - 1} for mb in r2.microbatches]
     back2 = r2.restore(outs2, kinds={"score": "sample"})
     ok["list_restored"] = all(torch.equal(back2["lp"][i], lp[i] * 3) for i in range(n)) and \
         bool(torch.equal(back2["score"], torch.arange(n) * 1.0 - 1))
     ok["list_offline"] = _plan_matches_offline(r2.plan, cost)
+    # an empty rank, and a rank whose only sample fills a whole microbatch
+    trained2 = [i for mb in r2.microbatches for i in mb["sample_ids"].tolist()]
+    given = {"trained": trained + trained2, "given": ids.tolist() + ids2}
+    for step, (counts, lens) in enumerate(_EDGE[world], start=3):
+        name, res = f"edge{step}", _list_case(rank, counts[rank], lens.get(rank), cost, step)
+        ok.update({f"{name}_{k}": v for k, v in res["ok"].items()})
+        given["trained"] += res["trained"]
+        given["given"] += res["given"]
     # a sample over the capacity: the same clear error on every rank
     big = [torch.ones(CAP + 5 if rank == world - 1 else 3, dtype=torch.int64)]
     try:
@@ -101,9 +113,48 @@ def _rl(rank, world, out):
         msg = None
     except ValueError as e:
         msg = str(e)
-    write(out, f"rl_{rank}.json", {"ok": ok, "trained": trained, "fingerprint": r.plan.fingerprint(),
-                                    "n_mb": len(r.microbatches), "given": ids.tolist(),
+    write(out, f"rl_{rank}.json", {"ok": ok, "trained": given["trained"],
+                                    "fingerprint": r.plan.fingerprint(),
+                                    "n_mb": len(r.microbatches), "given": given["given"],
                                     "error": msg, "stats": {k: v for k, v in r.plan.stats.items()}})
+
+
+# per world: (samples per rank, {rank: its single sample's length}) of the edge cases
+_EDGE = {2: [([0, 9], {}), ([1, 9], {0: CAP}), ([1, 1], {0: CAP, 1: 1})],
+         4: [([5, 0, 7, 1], {}), ([1, 0, 6, 3], {0: CAP}), ([1, 1, 1, 1], {3: CAP})]}
+
+
+def _list_case(rank, n, single, cost, step):
+    """``n`` variable-length samples on this rank (``single``: the length of a lone sample)
+    with per-token and per-sample extras, balanced, checked intact and restored in order."""
+    from balancer.runtime import balance_rollout
+    g = torch.Generator().manual_seed(31 * step + rank)
+    lens = [single] if single is not None else \
+        [int(torch.randint(1, CAP // 2, (1,), generator=g)) for _ in range(n)]
+    seqs = [torch.randint(0, 50, (ln,), generator=g) for ln in lens[:n]]
+    lp = [torch.randn(len(x), generator=g) for x in seqs]
+    ids = [10_000 * step + 100 * rank + i for i in range(n)]
+    r = balance_rollout(seqs, cost, CAP, extras={"lp": lp, "w": torch.arange(n) * 1.0 + rank},
+                        ids=ids, step=step)
+    ok = {"offline": _plan_matches_offline(r.plan, cost), "intact": True,
+          "capacity": all(int(mb["cu_seqlens"][-1]) <= CAP for mb in r.microbatches),
+          "same_count": len(r.microbatches) == r.plan.microbatches}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (seqs, lp))
+    for mb in r.microbatches:
+        cu = mb["cu_seqlens"].long()
+        for k, (s, i) in enumerate(zip(mb["source_rank"].tolist(), mb["source_index"].tolist())):
+            seg = slice(int(cu[k]), int(cu[k + 1]))
+            ok["intact"] &= torch.equal(mb["input_ids"][seg], everyone[s][0][i].to(torch.int64))
+            ok["intact"] &= torch.equal(mb["lp"][seg], everyone[s][1][i])
+            ok["intact"] &= float(mb["w"][k]) == i + s
+    back = r.restore([{"lp2": mb["lp"] * 2, "w2": mb["w"] - 1} for mb in r.microbatches],
+                     kinds={"w2": "sample"})
+    ok["restored"] = len(back["lp2"]) == n and all(
+        torch.equal(back["lp2"][i], lp[i] * 2) for i in range(n)) and \
+        torch.equal(back["w2"].reshape(-1), torch.arange(n) * 1.0 + rank - 1)
+    trained = [i for mb in r.microbatches for i in mb["sample_ids"].tolist()]
+    return {"ok": ok, "trained": trained, "given": ids}
 
 
 def _check_rl(tmp_path, world):
@@ -127,13 +178,15 @@ class Rows(torch.utils.data.IterableDataset):
     """``n`` rows of random lengths (no state_dict: resumed by skipping what was consumed);
     ids are globally unique, an empty row now and then."""
 
-    def __init__(self, rank, n, seed=0):
+    def __init__(self, rank, n, seed=0, sizes=None):
         self.rank, self.n, self.seed = rank, n, seed
+        self.sizes = sizes or {}  # (rank, k) -> length: huge rows
 
     def __iter__(self):
         g = np.random.default_rng([self.seed, self.rank])
         for k in range(self.n):
             ln = 0 if k % 17 == 16 else int(g.integers(1, 220))
+            ln = self.sizes.get((self.rank, k), ln)
             yield {"input_ids": g.integers(0, 100, ln).tolist(), "id": self.rank * 100_000 + k}
 
 
@@ -154,8 +207,10 @@ def _make(kind, rank, world, uneven="drain"):
         src = _hf_source(rank, world, 157)
     elif kind == "tiny":
         src = Rows(rank, 1 if rank % 2 == 0 else 0)
-    else:
-        src = Rows(rank, {2: [70, 23], 4: [45, 0, 31, 80]}[world][rank])
+    elif kind == "over":  # the last rank's 4th row is over the capacity
+        src = Rows(rank, 12, sizes={(world - 1, 3): 300})
+    else:  # rank 0's 6th row fills a whole microbatch (the heaviest sample there can be)
+        src = Rows(rank, {2: [70, 23], 4: [45, 0, 31, 80]}[world][rank], sizes={(0, 5): 256})
     lay = Layout(dp=world, microbatches=2, capacity=256)
     return StreamingPackedDataset(src, CostModel.quadratic(1024), lay, id_column="id",
                                   uneven=uneven)
@@ -171,33 +226,43 @@ def _run(kind, rank, world, uneven, state=None, stop_at=None):
     dl = _loader(ds)
     if state is not None:
         dl.load_state_dict(state)
-    got, saved = [], None
+    got, saved, plans = [], None, {}
     for i, b in enumerate(dl):
         assert int(b["cu_seqlens"][-1]) <= 256
         got.append([b["step"], b["slot"]] + b["sample_ids"].tolist())
+        if state is None and b["step"] not in plans:  # the step's plan: fingerprint, offline?
+            plans[b["step"]] = [ds.last_plan.fingerprint(),
+                                _plan_matches_offline(ds.last_plan, ds.cost)]
         if stop_at is not None and i + 1 == stop_at:
             buf = io.BytesIO()
             torch.save(dl.state_dict(), buf)  # the state round-trips through torch.save
             buf.seek(0)
             saved = torch.load(buf, weights_only=True)
-    return got, saved, ds.stats
+    return got, saved, ds.stats, plans
 
 
 def _streams(rank, world, out):
     for kind, uneven in (("rows", "drain"), ("rows", "stop"), ("hf", "drain")):
-        full, _, stats = _run(kind, rank, world, uneven)
+        full, _, stats, plans = _run(kind, rank, world, uneven)
         resumed = {}
         n = len(full)
         for k in sorted({1, 3, max(1, n // 2), max(1, n - 1)}):
             if k >= n:
                 continue
-            a, st, _ = _run(kind, rank, world, uneven, stop_at=k)
-            b, _, _ = _run(kind, rank, world, uneven, state=st)
+            a, st, _, _ = _run(kind, rank, world, uneven, stop_at=k)
+            b, _, _, _ = _run(kind, rank, world, uneven, state=st)
             resumed[k] = (a == full, b == full[k:])
         write(out, f"stream_{kind}_{uneven}_{rank}.json",
-              {"full": full, "stats": stats, "resumed": {str(k): v for k, v in resumed.items()}})
-    full, _, stats = _run("tiny", rank, world, "drain")
+              {"full": full, "stats": stats, "plans": plans,
+               "resumed": {str(k): v for k, v in resumed.items()}})
+    full, _, stats, _ = _run("tiny", rank, world, "drain")
     write(out, f"stream_tiny_{rank}.json", {"full": full, "stats": stats})
+    try:  # a row over the capacity: the same error on every rank, at the same step
+        _run("over", rank, world, "drain")
+        msg = None
+    except ValueError as e:
+        msg = str(e)
+    write(out, f"stream_over_{rank}.json", {"error": msg})
 
 
 def _check_streams(tmp_path, world):
@@ -209,6 +274,10 @@ def _check_streams(tmp_path, world):
         assert all(s == shapes[0] for s in shapes)
         for r in res:
             assert r["resumed"] and all(all(v) for v in r["resumed"].values()), r["resumed"]
+        # every step's plan is the same on every rank and is the offline planner's plan
+        assert all(r["plans"] == res[0]["plans"] for r in res)
+        assert res[0]["plans"] and all(ok for _, ok in res[0]["plans"].values())
+        assert len(res[0]["plans"]) == len({x[0] for x in res[0]["full"]})
         trained = [i for r in res for x in r["full"] for i in x[2:]]
         assert len(trained) == len(set(trained))  # nothing twice
         st = res[0]["stats"]
@@ -236,6 +305,10 @@ def _check_streams(tmp_path, world):
     want = sorted(r * 100_000 for r in range(0, world, 2))
     assert all(sorted(r["stats"]["unplanned_ids"]) == want for r in res)
     assert res[0]["stats"]["unplanned"] == len(want) and res[0]["stats"]["trained"] == 0
+    r = world - 1
+    for x in [read(tmp_path, f"stream_over_{q}.json") for q in range(world)]:
+        assert x["error"] is not None and f"rank {r} sample {r * 100_000 + 3}: length 300 " \
+            "exceeds the microbatch capacity 256" in x["error"], x["error"]
 
 
 # ---- one spawned group per world size ----------------------------------------------------------

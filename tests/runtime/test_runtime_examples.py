@@ -1,0 +1,33 @@
+"""The run-time balancing examples run as scripts (each spawns its own 2 gloo processes) and
+check themselves: every document once / every result restored in order, or a non-zero exit.
+Small sizes and a timeout, so a hang fails instead of blocking CI."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runtime_ranks import ROOT, warm_numba_cache
+
+TIMEOUT_S = 240  # well under a minute on an idle 2-core machine; CI machines are shared
+
+CASES = {
+    "rl_rollout_balance.py": (["--steps", "1", "--batch", "8"],
+                              ["restored in order: True", "slowest rank / mean cost"]),
+    "stream_balance.py": (["--docs", "240", "--stop-after", "5"],
+                          ["every document once: True", "before the restart"]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_example_runs(script, tmp_path):
+    args, expect = CASES[script]
+    warm_numba_cache()
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf"), TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for line in expect:
+        assert line in proc.stdout, proc.stdout[-3000:]
+    assert "False" not in proc.stdout
