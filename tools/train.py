@@ -85,6 +85,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dump-grads", default=None,
                    help="save the reduced gradients of the first step here (tests)")
     g.add_argument("--timeout", type=int, default=300, help="collective timeout, seconds")
+    g.add_argument("--cp-mode", choices=("fixed", "hybrid"), default="fixed",
+                   help="hybrid: per-document CP degree over gloo subgroups, run by "
+                        "tools/train_cp.py (its flags: --cp, --rank-capacity, ...); fixed: this "
+                        "DDP trainer")
     return p.parse_args(argv)
 
 
@@ -379,6 +383,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> int:
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--cp-mode", choices=("fixed", "hybrid"), default="fixed")
+    if pre.parse_known_args(argv)[0].cp_mode == "hybrid":
+        from tools.train_cp import main as train_cp_main
+        return train_cp_main(argv)
     args = parse_args(argv)
     log = run(args)
     s = log["summary"]
