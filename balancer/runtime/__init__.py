@@ -17,7 +17,11 @@ def __getattr__(name):  # the torch.distributed parts load on first use
     if name == "StreamingPackedDataset":
         from . import stream
         return getattr(stream, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module 'balancer.runtime' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = ["Columns", "FieldSpec", "Offers", "RolloutMicrobatches", "RuntimeBalancer",

@@ -44,6 +44,19 @@ RESERVED = frozenset({
     "source_rank", "source_index"})
 
 
+#: errors a rank's own input raises before the step's collective: sent to every rank instead
+LOCAL_ERRORS = (ValueError, TypeError, KeyError, IndexError)
+
+
+def raise_refused(headers: list, local: Optional[BaseException] = None) -> None:
+    """Raise on every rank when any rank's input was refused (``headers[r]["error"]``): one
+    ValueError naming each refusing rank and its message (chained to this rank's own)."""
+    bad = [(r, h["error"]) for r, h in enumerate(headers) if h.get("error")]
+    if bad:
+        raise ValueError("input refused on " + "; ".join(f"rank {r}: {m}" for r, m in bad)) \
+            from local
+
+
 def _resolve_schema(headers: list, rank: int):
     """The payload schema every rank with samples agrees on (an empty rank adopts it)."""
     known = [(r, h["schema"]) for r, h in enumerate(headers) if h.get("schema") is not None]
@@ -142,21 +155,17 @@ class RuntimeBalancer:
         samples (possibly none)."""
         lay = self.layout
         dp = lay.dp
-        if samples is not None and len(samples):
-            new_ids = np.arange(len(samples), dtype=np.int64) * dp + self.rank if ids is None \
-                else np.asarray(ids, np.int64).reshape(-1)
-            if new_ids.shape[0] != len(samples):
-                raise ValueError(f"{new_ids.shape[0]} ids for {len(samples)} samples")
-        else:
-            samples, new_ids = None, np.zeros(0, np.int64)
-        parts = [p for p in (self._held, samples) if p is not None]
-        offered = Columns.concat(parts) if parts else None
-        o_ids = np.concatenate([self._held_ids, new_ids])
-        o_ages = np.concatenate([self._held_ages, np.zeros(new_ids.shape[0], np.int64)])
+        try:
+            offered, o_ids, o_ages = self._offer(samples, ids)
+            error = None
+        except LOCAL_ERRORS as e:  # refused on every rank below, no rank left in a collective
+            offered, o_ids, o_ages, error = None, np.zeros(0, np.int64), np.zeros(0, np.int64), e
         hdr = dict(header or {})
-        hdr.update(step=self.step_index, schema=offered.schema if offered is not None else None)
+        hdr.update(step=self.step_index, schema=offered.schema if offered is not None else None,
+                   error=None if error is None else str(error))
         o_len = offered.lengths if offered is not None else np.zeros(0, np.int64)
         offers, headers, gstats = gather_offers(o_ids, o_len, o_ages, hdr, self.group)
+        raise_refused(headers, error)
         agree(headers, "step", "the step number (resume every rank from the same checkpoint)")
         schema = _resolve_schema(headers, self.rank)
         if schema is not None:
@@ -190,6 +199,32 @@ class RuntimeBalancer:
                      collate_seconds=t_collate)
         return StepResult(plan, me, microbatches, o_ids, offers.sample_id[u],
                           offered.take(offers.index[u]) if u.size else None, stats, self.group)
+
+    def _offer(self, samples, ids):
+        """(Columns or None, ids, ages) this rank offers: carried samples first, then new."""
+        if samples is not None and len(samples):
+            new_ids = np.arange(len(samples), dtype=np.int64) * self.layout.dp + self.rank \
+                if ids is None else np.asarray(ids, np.int64).reshape(-1)
+            if new_ids.shape[0] != len(samples):
+                raise ValueError(f"{new_ids.shape[0]} ids for {len(samples)} samples")
+        else:
+            samples, new_ids = None, np.zeros(0, np.int64)
+        parts = [p for p in (self._held, samples) if p is not None]
+        if len(parts) == 2 and parts[0].schema != parts[1].schema:
+            raise ValueError(f"new samples carry fields {_fmt(parts[1].schema)}, the carried ones "
+                             f"{_fmt(parts[0].schema)}")
+        offered = Columns.concat(parts) if parts else None
+        return (offered, np.concatenate([self._held_ids, new_ids]),
+                np.concatenate([self._held_ages, np.zeros(new_ids.shape[0], np.int64)]))
+
+    def fail(self, error: BaseException) -> None:
+        """Take part in this step's collective with ``error`` (this rank's input was refused
+        before it reached :meth:`step`): every rank raises the same ValueError naming the
+        rank, instead of the others waiting in the all-gather."""
+        hdr = {"step": self.step_index, "schema": None, "error": str(error)}
+        _, headers, _ = gather_offers(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                      np.zeros(0, np.int64), hdr, self.group)
+        raise_refused(headers, error)
 
     def _check_schema(self, schema) -> None:
         names = {f.name: f for f in schema}
@@ -266,26 +301,20 @@ def _kind(name, t, n_tok, n_doc, given):
                      f"{n_doc} documents")
 
 
-def restore(result: StepResult, outputs: Sequence[Mapping],
-            kinds: Optional[Mapping] = None) -> tuple[dict, dict]:
-    """See :meth:`StepResult.restore`; also returns every output's :class:`FieldSpec`."""
-    plan, me, group = result.plan, result.rank, result._group
-    offers, m, dp = plan.offers, plan.microbatches, plan.dp
-    kinds = dict(kinds or {})
+def _output_view(outputs, m, lens, counts, kinds) -> dict:
+    """This rank's view of the output schema: name -> (kind, (dtype, trailing), dtype); kind
+    '?' where every microbatch has one token per document (inferred from the other ranks)."""
     if len(outputs) != m:
         raise ValueError(f"{len(outputs)} outputs for this rank's {m} microbatches")
-    if m == 0:  # nothing was trained this step, on any rank
-        return {}, {}
-    e_me = plan.entry[plan.rank_entries(me)] if m else np.zeros(0, np.int64)
-    lens = offers.length[e_me]
-    counts = np.diff(plan.mb_offsets[me * m:(me + 1) * m + 1]) if m else np.zeros(0, np.int64)
-    # this rank's view of the output schema; '?' where every microbatch is one token per doc
     local = {}
     at = 0
     for j, out in enumerate(outputs):
         n_doc = int(counts[j])
         n_tok = int(lens[at:at + n_doc].sum())
         at += n_doc
+        if j and set(out) != set(outputs[0]):
+            raise ValueError(f"microbatch {j} returns {sorted(out)}, microbatch 0 "
+                             f"{sorted(outputs[0])}: every microbatch needs the same outputs")
         for name, t in out.items():
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"output {name!r} of microbatch {j} is not a tensor")
@@ -298,7 +327,30 @@ def restore(result: StepResult, outputs: Sequence[Mapping],
                 raise ValueError(f"output {name!r} is per token in one microbatch and per document "
                                  f"in another; give kinds={{{name!r}: ...}}")
             local[name] = (k if prev is None or prev[0] == "?" else prev[0], spec, t.dtype)
-    views = gather_object({n: v[:2] for n, v in local.items()}, group)
+    return local
+
+
+def restore(result: StepResult, outputs: Sequence[Mapping],
+            kinds: Optional[Mapping] = None) -> tuple[dict, dict]:
+    """See :meth:`StepResult.restore`; also returns every output's :class:`FieldSpec`."""
+    plan, me, group = result.plan, result.rank, result._group
+    offers, m, dp = plan.offers, plan.microbatches, plan.dp
+    kinds = dict(kinds or {})
+    if m == 0:  # nothing was trained this step, on any rank (the same on every rank)
+        if len(outputs):
+            raise ValueError(f"{len(outputs)} outputs for this rank's 0 microbatches")
+        return {}, {}
+    e_me = plan.entry[plan.rank_entries(me)]
+    lens = offers.length[e_me]
+    counts = np.diff(plan.mb_offsets[me * m:(me + 1) * m + 1])
+    try:
+        local, error = _output_view(outputs, m, lens, counts, kinds), None
+    except LOCAL_ERRORS as e:  # every rank raises it (below), none waits in the collective
+        local, error = {}, e
+    gathered = gather_object({"view": {n: v[:2] for n, v in local.items()},
+                              "error": None if error is None else str(error)}, group)
+    raise_refused(gathered, error)
+    views = [g["view"] for g in gathered]
     names = sorted(set().union(*[set(v) for v in views]))
     schema = []
     for name in names:

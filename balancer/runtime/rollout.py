@@ -34,7 +34,7 @@ import torch
 
 from ..config import Layout, PlannerConfig
 from ..cost import CostModel
-from .balancer import RuntimeBalancer, StepResult, restore
+from .balancer import LOCAL_ERRORS, RuntimeBalancer, StepResult, restore
 from .payload import TOKENS, Columns
 from .plan import StepPlan
 
@@ -133,7 +133,11 @@ def balance_rollout(batch, cost: CostModel, capacity: int, *, group=None,
     ``min_microbatches``; give ``pp`` or more with pipeline parallelism) or an exact count (an
     error if the step does not fit). Pass ``balancer=`` to reuse one across steps (keeps the
     step counter); otherwise one is built per call. Collective: every DP rank calls it."""
-    cols, mask, bsz = _columns(batch, extras, tokens_key, mask_key)
+    try:
+        cols, mask, bsz = _columns(batch, extras, tokens_key, mask_key)
+        error = None
+    except LOCAL_ERRORS as e:  # every rank raises it (below), none waits in the collective
+        error = e
     if balancer is None:
         from .gather import world_of
         _, world = world_of(group)
@@ -144,5 +148,7 @@ def balance_rollout(batch, cost: CostModel, capacity: int, *, group=None,
                                    min_microbatches=min_microbatches, carry=False)
         if step is not None:
             balancer.step_index = int(step)
+    if error is not None:
+        balancer.fail(error)
     result = balancer.step(cols if len(cols) else None, ids)
     return RolloutMicrobatches(result, mask, bsz)

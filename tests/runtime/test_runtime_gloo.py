@@ -106,6 +106,21 @@ def _rl(rank, world, out):
         ok.update({f"{name}_{k}": v for k, v in res["ok"].items()})
         given["trained"] += res["trained"]
         given["given"] += res["given"]
+    # bad input on one rank (no mask; too few outputs back): the same error on every rank, no
+    # rank left waiting in a collective
+    bad = {"input_ids": torch.ones(2, 3, dtype=torch.int64)} if rank == world - 1 else \
+        [torch.ones(3, dtype=torch.int64)]
+    refused = []
+    try:
+        balance_rollout(bad, cost, CAP, step=6)
+    except ValueError as e:
+        refused.append(str(e))
+    r3 = balance_rollout([torch.ones(5, dtype=torch.int64)] * 3, cost, CAP, step=7)
+    outs3 = [{"x": mb["input_ids"] * 1.0} for mb in r3.microbatches]
+    try:
+        r3.restore(outs3[1:] if rank == 0 else outs3)
+    except ValueError as e:
+        refused.append(str(e))
     # a sample over the capacity: the same clear error on every rank
     big = [torch.ones(CAP + 5 if rank == world - 1 else 3, dtype=torch.int64)]
     try:
@@ -116,7 +131,8 @@ def _rl(rank, world, out):
     write(out, f"rl_{rank}.json", {"ok": ok, "trained": given["trained"],
                                     "fingerprint": r.plan.fingerprint(),
                                     "n_mb": len(r.microbatches), "given": given["given"],
-                                    "error": msg, "stats": {k: v for k, v in r.plan.stats.items()}})
+                                    "error": msg, "refused": refused,
+                                    "n_mb3": len(r3.microbatches), "stats": dict(r.plan.stats)})
 
 
 # per world: (samples per rank, {rank: its single sample's length}) of the edge cases
@@ -170,6 +186,12 @@ def _check_rl(tmp_path, world):
     for x in res:
         assert x["error"] is not None and f"rank {r} sample {77 + r}: length {CAP + 5}" in x["error"] \
             and f"capacity {CAP}" in x["error"]
+        assert len(x["refused"]) == 2, x["refused"]
+        assert f"input refused on rank {r}: a padded rollout batch needs 'attention_mask'" \
+            in x["refused"][0]
+        n_mb = res[0]["n_mb3"]
+        assert f"input refused on rank 0: {n_mb - 1} outputs for this rank's {n_mb} " \
+            "microbatches" in x["refused"][1]
 
 
 # ---- streams -----------------------------------------------------------------------------------

@@ -117,3 +117,11 @@ def test_balancer_carries_and_offers_again():
     with pytest.raises(ValueError, match="collide"):
         bal.step(Columns(np.array([2]), {"input_ids": torch.arange(2), "labels": torch.arange(2)},
                          {}))
+
+
+def test_public_names():
+    import balancer.runtime as rt
+    for name in rt.__all__:
+        assert getattr(rt, name) is not None and name in dir(rt)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        rt.nope
