@@ -1,0 +1,79 @@
+"""A Megatron-style batch from the padded, unsharded mode (CPU):
+
+    python examples/megatron_batch.py
+
+Current Megatron-core takes the whole packed microbatch with every document padded to a
+multiple of 2 cp and cuts each CP rank's shard itself (``get_thd_batch_on_this_cp_rank``, with
+Transformer Engine's ``thd_get_partitioned_indices``). ``PaddedCollator`` gives that batch and
+``megatron_batch`` the dict Megatron's ``get_batch`` returns (tokens, next-token labels,
+loss_mask, position_ids, cu_seqlens, cu_seqlens_padded, max_seqlen). Here: the batch goes
+through megatron-core's own function and ``PackedSeqParams``; without Transformer Engine (CUDA
+only) the CP shard is cut with ``balancer.cp_shard.shard_index``, which equals TE's partition;
+and a Megatron-style loss ``sum(loss * loss_mask) / step_loss_tokens`` over the padded batch of a
+tiny Llama (document-causal additive mask) equals every document run alone.
+Tested with torch 2.13.0 (CPU), megatron-core 0.16.1, transformers 5.24.0.
+"""
+import numpy as np
+import torch
+from megatron.core import utils as mcore_utils
+from megatron.core.packed_seq_params import PackedSeqParams
+from torch.utils.data import DataLoader
+
+from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable, cp_shard
+from balancer.adapters import packed_seq_params
+from balancer.collate import PackedDataset
+from balancer.integrations.hf import additive_mask
+from balancer.integrations.megatron import PaddedCollator, megatron_batch
+
+from _common import TESTED_WITH, corpus, report, tiny_llama
+
+CP = 2
+
+
+def main():
+    lengths, dataset = corpus(n=24, seed=3)
+    layout = Layout(dp=1, cp=CP, microbatches=2, capacity=1024)
+    sampler = PackedBatchSampler(SampleTable(lengths), CostModel.quadratic(4096), layout,
+                                 PlannerConfig(seed=0))
+    loader = DataLoader(PackedDataset(dataset), batch_sampler=sampler, collate_fn=PaddedCollator())
+    full = next(iter(loader))                       # the whole microbatch, padded for CP = 2
+    batch = megatron_batch(full)
+    cu, cu_p, max_seqlen = (batch.pop(k) for k in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen"))
+    batch.pop("attention_mask")
+    params = PackedSeqParams(**packed_seq_params(full).as_dict())  # the same fields Megatron builds
+    for r in range(CP):                             # what each CP rank of the group trains
+        if getattr(mcore_utils, "tex", None) is not None:
+            shard, psp = mcore_utils.get_thd_batch_on_this_cp_rank(dict(batch), cu, cu_p,
+                                                                   max_seqlen, CP, r)
+        else:  # Transformer Engine is CUDA-only: its partition, computed here
+            idx = torch.from_numpy(cp_shard.shard_index(np.diff(full["cu_seqlens"].numpy()), CP, r))
+            shard = {k: v.index_select(1, idx) for k, v in batch.items()}
+            _, psp = mcore_utils.get_thd_batch_on_this_cp_rank(dict(batch), cu, cu_p, max_seqlen, 1, 0)
+        assert torch.equal(psp.cu_seqlens_q_padded, params.cu_seqlens_q_padded)
+        print(f"CP rank {r}: {shard['tokens'].shape[1]} of {batch['tokens'].shape[1]} tokens")
+
+    # a Megatron-style loss over the padded batch equals every document run alone
+    model = tiny_llama(torch.float64)
+    mask = additive_mask({"document_ids": full["document_ids"], "position_ids": full["position_ids"]},
+                         torch.float64)
+    with torch.no_grad():
+        logits = model(input_ids=batch["tokens"], position_ids=batch["position_ids"],
+                       attention_mask=mask, use_cache=False).logits[0]
+        per_token = torch.nn.functional.cross_entropy(logits, batch["labels"][0], reduction="none")
+        packed = float((per_token * batch["loss_mask"][0]).sum())
+        alone = 0.0
+        for s, a, n in zip(full["sample_ids"].tolist(), full["sample_starts"].tolist(),
+                           np.diff(full["cu_seqlens"].numpy()).tolist()):
+            ids = torch.as_tensor(dataset[s]["input_ids"][a:a + n])[None]
+            lo = model(input_ids=ids, use_cache=False).logits[0]
+            alone += float(torch.nn.functional.cross_entropy(lo[:-1], ids[0, 1:], reduction="sum"))
+    diff = abs(packed - alone) / full["step_loss_tokens"]
+    assert diff <= 1e-10, diff
+    report(example="megatron_batch", cp=CP, documents=len(full["sample_ids"]),
+           padded_tokens=int(full["cu_seqlens_padded"][-1]), real_tokens=int(full["cu_seqlens"][-1]),
+           loss_diff_vs_unpacked=diff, transformer_engine=getattr(mcore_utils, "tex", None) is not None,
+           tested_with=TESTED_WITH)
+
+
+if __name__ == "__main__":
+    main()
