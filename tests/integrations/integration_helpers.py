@@ -65,3 +65,25 @@ def coverage(pieces, lengths):
 def max_grad_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+#: set by .ci/run: a missing integration library fails the test instead of skipping it
+REQUIRE_ENV = "BALANCER_REQUIRE_INTEGRATIONS"
+
+
+def need(module: str):
+    """``pytest.importorskip(module)``, except under ``BALANCER_REQUIRE_INTEGRATIONS=1`` (CI),
+    where a missing library is an error naming the extra that installs it: CI must never pass
+    by silently skipping the integration tests."""
+    import importlib
+    import os
+
+    import pytest
+    if os.environ.get(REQUIRE_ENV) == "1":
+        try:
+            return importlib.import_module(module)
+        except ImportError as e:
+            raise ImportError(f"{module} is required ({REQUIRE_ENV}=1): install the "
+                              f"integrations extra, pip install -e '.[test,integrations]' "
+                              f"({e})") from e
+    return pytest.importorskip(module)

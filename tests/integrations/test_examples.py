@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from integration_helpers import need
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
 TIMEOUT_S = 240
@@ -48,32 +50,32 @@ def _accelerate(script):
 
 
 def test_hf_trainer_one_process(tmp_path):
-    pytest.importorskip("transformers")
+    need("transformers")
     r = _run(tmp_path, EXAMPLES / "hf_trainer.py")
     assert r["processes"] == 1 and r["optimizer_steps"] == r["planned_steps_per_epoch"]
 
 
 def test_hf_trainer_accelerate_launch_two_processes(tmp_path):
-    pytest.importorskip("accelerate")
+    need("accelerate")
     r = _run(tmp_path, *_accelerate("hf_trainer.py"))
     assert r["processes"] == 2 and r["optimizer_steps"] == r["planned_steps_per_epoch"]
 
 
 def test_trl_sft(tmp_path):
-    pytest.importorskip("trl")
+    need("trl")
     r = _run(tmp_path, EXAMPLES / "trl_sft.py")
     assert r["optimizer_steps"] > 0
 
 
 def test_torchtitan_loop_torchrun_two_processes(tmp_path):
-    pytest.importorskip("transformers")
+    need("transformers")
     r = _run(tmp_path, *_torchrun("torchtitan_loop.py"))
     assert r["processes"] == 2 and r["resumed_bit_identical"]
     assert 0 < r["checkpoint_at_step"] < r["optimizer_steps"]
 
 
 def test_megatron_batch(tmp_path):
-    pytest.importorskip("megatron.core")
+    need("megatron.core")
     r = _run(tmp_path, EXAMPLES / "megatron_batch.py")
     assert r["loss_diff_vs_unpacked"] <= 1e-10 and r["padded_tokens"] % (2 * r["cp"]) == 0
 
@@ -82,3 +84,15 @@ def test_sync_balance(tmp_path):
     r = _run(tmp_path, EXAMPLES / "sync_balance.py", "--samples", "4000")
     assert set(r["lockstep"]) == {"wlbllm", "wikipedia", "prolong", "bimodal-sft"}
     assert all(v["step"] >= 1 and v["microbatch"] >= 1 for v in r["lockstep"].values())
+
+
+def test_missing_library_fails_under_ci(monkeypatch):
+    """.ci/run sets BALANCER_REQUIRE_INTEGRATIONS=1: a missing library is then an error naming
+    the extra, never a skip."""
+    missing = "balancer_no_such_library"
+    monkeypatch.setenv("BALANCER_REQUIRE_INTEGRATIONS", "1")
+    with pytest.raises(ImportError, match=r"integrations extra"):
+        need(missing)
+    monkeypatch.delenv("BALANCER_REQUIRE_INTEGRATIONS")
+    with pytest.raises(pytest.skip.Exception):
+        need(missing)

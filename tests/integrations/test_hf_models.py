@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from integration_helpers import need  # noqa: E402
+
+transformers = need("transformers")
 
 from balancer.adapters import hf_flattening  # noqa: E402
 from balancer.collate import FetchedMicrobatch, PackedCollator  # noqa: E402

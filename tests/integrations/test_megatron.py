@@ -21,6 +21,7 @@ from balancer.collate import FetchedMicrobatch, PackedCollator  # noqa: E402
 from balancer.integrations.megatron import (PaddedCollator, megatron_batch,  # noqa: E402
                                             te_partition_index)
 from balancer.sampler import MicrobatchRef  # noqa: E402
+from integration_helpers import need  # noqa: E402
 
 LENGTHS = [300, 7, 45, 1, 90, 18, 5, 64]
 KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "document_ids")
@@ -74,7 +75,7 @@ def test_packed_seq_params_refuses_whole_document_shards():
 
 
 def test_megatron_core_consumes_the_padded_batch(monkeypatch):
-    mcore = pytest.importorskip("megatron.core")
+    mcore = need("megatron.core")
     import megatron.core.utils as mu
     from megatron.core.packed_seq_params import PackedSeqParams
     docs = _docs()

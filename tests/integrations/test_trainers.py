@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+from integration_helpers import need  # noqa: E402
+
+transformers = need("transformers")
 
 from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable  # noqa: E402
 from balancer.collate import FlatTokens  # noqa: E402
@@ -107,7 +109,7 @@ def _word_tokenizer():
 
 @pytest.mark.parametrize("own_loss", [False, True])
 def test_trl_sft_trainer(tmp_path, own_loss):
-    pytest.importorskip("trl")
+    need("trl")
     import datasets
     from trl import SFTConfig, SFTTrainer
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+from integration_helpers import need  # noqa: E402
+
+need("transformers")
+need("accelerate")
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
