@@ -7,7 +7,8 @@ the same step, swap samples with one all-to-all and get packed microbatches of a
 ``--capacity`` tokens, balanced by forward + backward cost. A stand-in "model" computes new
 per-token log-probs on the packed microbatches; ``restore`` brings them back to the rank and
 the padded position each sample came from, where they are checked against the same function
-applied to the original batch.
+applied to the original batch. The last line is ``RESULT {json}`` (every sample once, restored in
+order, the largest microbatch, the per-step imbalance).
 
   ./dev python examples/rl_rollout_balance.py [--world 2] [--steps 2] [--capacity 4096]
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -62,6 +64,9 @@ def worker(rank: int, world: int, init: str, args) -> None:
         from balancer import load_cost_model
         from balancer.runtime import balance_rollout
         cost = load_cost_model(args.cost_model)
+        result = {"processes": world, "steps": args.steps, "restored_in_order": True,
+                  "every_sample_once": True, "largest_microbatch": 0,
+                  "capacity": args.capacity, "imbalance": []}
         for step in range(args.steps):
             batch = rollout(rank, step, args.batch, args.prompt, args.response)
             tokens_before = int(batch["attention_mask"].sum())
@@ -81,16 +86,28 @@ def worker(rank: int, world: int, init: str, args) -> None:
                     f" samples / {tok_after} tokens / cost {mine:.3g} in {len(r.microbatches)} "
                     f"microbatches (largest {largest} <= {args.capacity}); "
                     f"sent {r.stats['exchange']['bytes_sent']} B; restored in order: {ok}")
-            lines = [None] * world
+            lines, facts = [None] * world, [None] * world
             dist.all_gather_object(lines, line)
+            trained = [i for mb in r.microbatches for i in mb["sample_ids"].tolist()]
+            dist.all_gather_object(facts, (ok, trained, largest))
             if rank == 0:
                 rc = r.plan.rank_costs()
+                ids = sorted(i for _, t, _ in facts for i in t)  # default ids: rank + dp * i
+                result["every_sample_once"] &= ids == list(range(world * args.batch))
+                result["restored_in_order"] &= all(f[0] for f in facts)
+                result["largest_microbatch"] = max(result["largest_microbatch"],
+                                                   *(f[2] for f in facts))
+                result["imbalance"].append(round(float(rc.max() / rc.mean()), 4))
                 print("\n".join(lines))
                 print(f"step {step}: slowest rank / mean cost after balancing "
                       f"{rc.max() / rc.mean():.4f}; gather {r.stats['gather']['bytes_sent']} B per "
                       f"rank, plan {1e3 * r.stats['plan_seconds']:.2f} ms")
             if not ok:
                 raise SystemExit(f"rank {rank}: restored log-probs differ")
+        if rank == 0:
+            print("RESULT " + json.dumps(result))
+            if not (result["every_sample_once"] and result["restored_in_order"]):
+                raise SystemExit("a sample was lost, duplicated or restored out of order")
     finally:
         dist.destroy_process_group()
 

@@ -9,7 +9,8 @@ microbatches (at most ``--capacity`` tokens each). Halfway through, the loader's
 ``state_dict()`` is saved, the loader and dataset are thrown away and a fresh pair resumes from
 the saved state (source position plus the documents carried into the step). At the end rank 0
 checks that every document of the corpus was trained exactly once over both halves, and prints
-the per-step balance (slowest rank's cost over the mean) of the steps.
+the per-step balance (slowest rank's cost over the mean) of the steps; the last line is
+``RESULT {json}``.
 
 The corpus is generated here (JSON lines in a temporary folder, one file per shard, documents
 of log-normal lengths with a few long ones) and tokenized with a byte tokenizer in ``.map``,
@@ -130,6 +131,12 @@ def report(everyone, args) -> None:
     missing = set(range(args.docs)) - set(ids) - set(unplanned)
     print(f"every document once: {dup == 0 and not missing} (duplicates {dup}, missing "
           f"{len(missing)}, left unplanned and reported {len(unplanned)})")
+    print("RESULT " + json.dumps({
+        "processes": len(everyone), "documents": args.docs, "trained": len(ids),
+        "duplicates": dup, "missing": len(missing), "unplanned": len(unplanned),
+        "before_restart": [first for _, first, _, _, _ in everyone], "steps": len(steps),
+        "imbalance_median": round(float(np.median(ratios)), 4),
+        "imbalance_max": round(float(np.max(ratios)), 4)}))
     if dup or missing:
         raise SystemExit("a document was lost or trained twice")
 

@@ -1,6 +1,7 @@
 """The run-time balancing examples run as scripts (each spawns its own 2 gloo processes) and
 check themselves: every document once / every result restored in order, or a non-zero exit.
 Small sizes and a timeout, so a hang fails instead of blocking CI."""
+import json
 import os
 import subprocess
 import sys
@@ -31,3 +32,13 @@ def test_example_runs(script, tmp_path):
     for line in expect:
         assert line in proc.stdout, proc.stdout[-3000:]
     assert "False" not in proc.stdout
+    res = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert len(res) == 1, proc.stdout[-3000:]
+    r = json.loads(res[0][len("RESULT "):])
+    assert r["processes"] == 2
+    if script == "stream_balance.py":
+        assert r["duplicates"] == r["missing"] == 0 and r["unplanned"] == 0
+        assert r["trained"] == r["documents"] == 240 and all(n > 0 for n in r["before_restart"])
+    else:
+        assert r["every_sample_once"] and r["restored_in_order"]
+        assert 0 < r["largest_microbatch"] <= r["capacity"] and len(r["imbalance"]) == 1
