@@ -44,6 +44,22 @@ def check_shape(plan):
     assert plan.mb_offsets[-1] == plan.entry.shape[0]
 
 
+def check_transfers(plan):
+    """What every rank sends to every other one (the exchange's order) covers each rank's
+    entries exactly, in its entry order; ``dest`` agrees."""
+    dest = plan.dest()
+    for d in range(plan.dp):
+        mine = plan.entry[plan.rank_entries(d)] if plan.microbatches else np.zeros(0, np.int64)
+        assert (dest[mine] == d).all()
+        parts = [plan.transfers(s, d) for s in range(plan.dp)] if plan.microbatches else []
+        for s, part in enumerate(parts):
+            assert (plan.offers.rank[part] == s).all()
+            assert np.array_equal(part, mine[plan.offers.rank[mine] == s])  # entry order
+        got = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        assert np.array_equal(np.sort(got), np.sort(mine))
+    assert (dest >= 0).sum() == plan.entry.shape[0]
+
+
 def check_offline(plan):
     """The step is the first step of plan_epoch over the planned offers, in order."""
     if plan.entry.size == 0:
@@ -77,6 +93,7 @@ def test_step_plan_properties(case, m, mode, final, cp):
         return
     check_partition(plan)
     check_shape(plan)
+    check_transfers(plan)
     assert plan.fingerprint() == planner.plan(offers, final=final).fingerprint()
     if mode == "auto":
         assert plan.carried.size == 0 and plan.unplanned.size == 0  # the whole step, now
