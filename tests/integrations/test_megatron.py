@@ -138,3 +138,30 @@ def test_megatron_style_loss_equals_unpacked_reference():
     assert abs(float(loss) - float(ref / n)) <= 1e-10
     dg = max(float((packed[k] - p.grad).abs().max()) for k, p in model.named_parameters())
     assert dg <= 1e-10, dg
+
+
+def test_megatron_core_unsharded_batch_without_mocks():
+    """cp_size=1: megatron-core's own get_thd_batch_on_this_cp_rank, nothing replaced, takes the
+    padded batch as it is and builds the PackedSeqParams our adapter gives."""
+    need("megatron.core")
+    import megatron.core.utils as mu
+    docs = _docs()
+    for cp in (1, 2):  # padded for cp = 2 too: Megatron with cp_size 1 still gets padded offsets
+        full = PaddedCollator(cp=cp)(FetchedMicrobatch(_ref(len(docs), 1), docs))
+        mb = megatron_batch(full)
+        want = {k: v.clone() for k, v in mb.items() if isinstance(v, torch.Tensor)}
+        cu, cu_p, ms = mb.pop("cu_seqlens"), mb.pop("cu_seqlens_padded"), mb.pop("max_seqlen")
+        got, psp = mu.get_thd_batch_on_this_cp_rank(mb, cu, cu_p, ms, cp_size=1, cp_rank=0)
+        for k in ("tokens", "labels", "loss_mask", "position_ids"):
+            assert torch.equal(got[k], want[k]), k
+        ours = packed_seq_params(full)
+        for k in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+            assert torch.equal(getattr(psp, k), getattr(ours, k)), k
+        assert psp.max_seqlen_q == ours.max_seqlen_q and psp.qkv_format == ours.qkv_format
+
+
+@pytest.mark.skip(reason="megatron-core GPTModel cannot run a forward on a CPU: its attention's "
+                         "GlobalMemoryBuffer allocates on torch.cuda.current_device() (0.16.1), "
+                         "and its THD attention and RoPE need Transformer Engine (CUDA)")
+def test_megatron_gpt_model_forward():
+    pass
