@@ -39,7 +39,7 @@ class Offers:
     def from_ranks(cls, per_rank: Sequence) -> "Offers":
         """``per_rank[r]`` is ``(ids, lengths)`` or ``(ids, lengths, ages)`` of rank r (1-D
         integer arrays, equal length; ages default 0)."""
-        cols = [[], [], [], [], []]
+        ids_l, len_l, age_l = [], [], []
         for r, part in enumerate(per_rank):
             ids = np.asarray(part[0], I64).reshape(-1)
             lengths = np.asarray(part[1]).reshape(-1)
@@ -51,12 +51,22 @@ class Offers:
             if not ids.shape[0] == lengths.shape[0] == ages.shape[0]:
                 raise ValueError(f"rank {r}: {ids.shape[0]} ids, {lengths.shape[0]} lengths and "
                                  f"{ages.shape[0]} ages differ")
-            n = ids.shape[0]
-            for c, v in zip(cols, (np.full(n, r, I64), np.arange(n, dtype=I64), ids, lengths, ages)):
-                c.append(v)
-        arrs = [np.concatenate(c) if c else np.zeros(0, I64) for c in cols]
-        order = np.lexsort((arrs[1], arrs[0], -arrs[4]))  # age desc, rank, position
-        return cls(*(a[order] for a in arrs))
+            ids_l.append(ids)
+            len_l.append(lengths)
+            age_l.append(ages)
+        counts = np.array([a.shape[0] for a in ids_l], I64)
+        total = int(counts.sum())
+        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, I64)  # noqa: E731
+        rank = np.repeat(np.arange(counts.shape[0], dtype=I64), counts)
+        starts = np.cumsum(counts) - counts
+        index = np.arange(total, dtype=I64) - np.repeat(starts, counts)
+        arrs = [rank, index, cat(ids_l), cat(len_l), cat(age_l)]
+        if total and arrs[4].any():
+            # concatenated in (rank, position) order already: a stable sort on age (oldest
+            # first) gives the canonical order (= lexsort((index, rank, -age)))
+            order = np.argsort(-arrs[4], kind="stable")
+            arrs = [a[order] for a in arrs]
+        return cls(*arrs)
 
     def describe(self, k: int) -> str:
         return f"rank {int(self.rank[k])} sample {int(self.sample_id[k])}"

@@ -87,16 +87,25 @@ class StepPlanner:
             base = base.model_copy(update={"lookahead": False, "global_batch_tokens": None,
                                            "global_batch_samples": None, "tail": "partial"})
         self.config = base
+        # built once, not per step (pydantic copies cost ~20 us each)
+        self._ffd_config = base.model_copy(update={"strategy": "ffd_tokens"})
+        self._layouts: dict = {}
+        self._whole = None
+
+    def _layout_with(self, m: int) -> Layout:
+        lay = self._layouts.get(m)
+        if lay is None:
+            lay = self._layouts[m] = self.layout.model_copy(update={"microbatches": m})
+        return lay
 
     # ---- helpers ----------------------------------------------------------------------------
-    def _check(self, offers: Offers) -> tuple[np.ndarray, np.ndarray]:
+    def _check(self, offers: Offers, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lay = self.layout
         bad = np.flatnonzero(offers.length <= 0)
         if bad.size:
             k = int(bad[0])
             raise ValueError(f"{offers.describe(k)}: length {int(offers.length[k])} is not "
                              f"positive (every sample needs at least one token)")
-        sizes = padded_sizes(offers.length, lay.cp)
         over = sizes > lay.capacity
         skipped = np.flatnonzero(over)
         if skipped.size and self.over_length == "error":
@@ -113,14 +122,16 @@ class StepPlanner:
         is called as :func:`balancer.plan_epoch` calls it for ``SampleTable(offers.length[
         stream])`` with ``shuffle=False`` (same sizes, costs, budget), without re-validating
         lengths or building the whole epoch's arrays (tests compare the two)."""
-        sizes = self._sizes[stream]
+        whole = stream is self._whole  # every offer, in order: no copies
+        sizes = self._sizes if whole else self._sizes[stream]
         if config.global_batch_samples is not None:
             budget, weights = int(config.global_batch_samples), np.ones(stream.shape[0], I64)
         else:
             budget = int(config.global_batch_tokens or
                          layout.dp * layout.microbatches * layout.capacity)
             weights = None
-        sp = strategies.get(config.strategy)(sizes, self._costs[stream], layout, config, budget,
+        sp = strategies.get(config.strategy)(sizes, self._costs if whole else self._costs[stream],
+                                             layout, config, budget,
                                              weights)
         n_mb = layout.dp * (int(sp.step_mbs[0]) if sp.step_mbs.shape[0] else 0)
         offs = sp.mb_offsets[:n_mb + 1].copy()
@@ -194,14 +205,19 @@ class StepPlanner:
         """The step's plan from every rank's offers (identical on every rank). ``final``: no
         more samples will be offered after these (the end of a stream)."""
         t0 = time.perf_counter()
-        stream, skipped = self._check(offers)
         lay = self.layout
         self._sizes = padded_sizes(offers.length, lay.cp)
-        ok = np.zeros(len(offers), bool)
-        ok[stream] = True  # costs of the samples that can be planned (over-long ones skipped)
-        self._fwd, self._bwd = np.zeros(len(offers)), np.zeros(len(offers))
-        if stream.size:
-            self._fwd[ok], self._bwd[ok] = self.cost.doc_costs(offers.length[ok])
+        stream, skipped = self._check(offers, self._sizes)
+        if skipped.size == 0:
+            self._whole = stream  # _plan uses the arrays as they are for this stream
+            self._fwd, self._bwd = self.cost.doc_costs(offers.length)
+        else:  # costs of the samples that can be planned (over-long ones skipped)
+            self._whole = None
+            ok = np.zeros(len(offers), bool)
+            ok[stream] = True
+            self._fwd, self._bwd = np.zeros(len(offers)), np.zeros(len(offers))
+            if stream.size:
+                self._fwd[ok], self._bwd[ok] = self.cost.doc_costs(offers.length[ok])
         self._costs = self._fwd + self._bwd
         lay, cfg = self.layout, self.config
         stats = {"offered": len(offers), "skipped": int(skipped.size), "pinned": 0,
@@ -240,7 +256,7 @@ class StepPlanner:
 
     def _plan_auto(self, offers, stream, skipped, stats, t0):
         lay, cfg = self.layout, self.config
-        sizes = padded_sizes(offers.length[stream], lay.cp)
+        sizes = self._sizes[stream]
         total, k = int(sizes.sum()), stream.shape[0]
         m0 = max(self.min_microbatches, -(-total // (lay.dp * lay.capacity)))
         m_max = max(m0, -(-k // lay.dp))
@@ -250,10 +266,10 @@ class StepPlanner:
         bound = max(float(costs.sum()) / lay.dp, float(costs.max())) + m0 * (cf + cb)
         # the configured strategy first; if no count of microbatches lets it place the whole
         # step (a near-full step it cannot bin-pack), FFD on tokens, which packs tighter
-        for c in (cfg, cfg.model_copy(update={"strategy": "ffd_tokens"})):
+        for c in (cfg, self._ffd_config):
             found = []
             for m in range(m0, m_max + 1):
-                res = self._try(offers, stream, lay.model_copy(update={"microbatches": m}), c)
+                res = self._try(offers, stream, self._layout_with(m), c)
                 if res is None:
                     stats["replans"] += 1
                     continue

@@ -29,6 +29,23 @@ def offers_strategy(max_dp=6, cap=512, max_n=30):
     return build()
 
 
+@given(offers_strategy(max_n=8))
+@settings(max_examples=60, deadline=None)
+def test_offers_canonical_order(case):
+    """Offers.from_ranks: carried first (oldest first), then by rank, then by position -- the
+    lexsort of its definition."""
+    _, per = case
+    o = Offers.from_ranks(per)
+    n = [len(p[0]) for p in per]
+    rank = np.repeat(np.arange(len(per)), n)
+    index = np.concatenate([np.arange(k) for k in n]) if per else np.zeros(0, np.int64)
+    cat = lambda j: np.concatenate([p[j] for p in per]) if per else np.zeros(0, np.int64)  # noqa
+    order = np.lexsort((index, rank, -cat(2)))
+    for got, want in zip((o.rank, o.index, o.sample_id, o.length, o.age),
+                         (rank, index, cat(0), cat(1), cat(2))):
+        assert got.dtype == np.int64 and np.array_equal(got, want[order])
+
+
 def check_partition(plan):
     k = len(plan.offers)
     parts = np.concatenate([plan.entry, plan.carried, plan.unplanned, plan.skipped])
