@@ -49,13 +49,8 @@ def _accelerate(script):
             "--main_process_port", str(_free_port()), EXAMPLES / script]
 
 
-def test_hf_trainer_one_process(tmp_path):
-    need("transformers")
-    r = _run(tmp_path, EXAMPLES / "hf_trainer.py")
-    assert r["processes"] == 1 and r["optimizer_steps"] == r["planned_steps_per_epoch"]
-
-
 def test_hf_trainer_accelerate_launch_two_processes(tmp_path):
+    """(The Trainer in one process is tests/integrations/test_trainers.py.)"""
     need("accelerate")
     r = _run(tmp_path, *_accelerate("hf_trainer.py"))
     assert r["processes"] == 2 and r["optimizer_steps"] == r["planned_steps_per_epoch"]

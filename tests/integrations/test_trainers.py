@@ -123,7 +123,7 @@ def test_trl_sft_trainer(tmp_path, own_loss):
     sampler = PackedBatchSampler(samples, cost, layout, config)
     # SFTConfig defaults to bf16=True (autocast, also on CPU: the gradient is then off by
     # ~1e-4, bf16 precision); gradient_checkpointing=True (its default) is kept
-    epochs = 1 if own_loss else 2
+    epochs = 1  # two epochs: test_hf_trainer_one_process
     args = _args(SFTConfig, tmp_path, layout, epochs,
                  dataset_kwargs={"skip_prepare_dataset": True}, bf16=False)
     assert args.gradient_checkpointing
