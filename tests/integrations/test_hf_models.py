@@ -140,6 +140,20 @@ def test_flex_attention_forward(uncompiled_flex, mask, dtype):
     print(f"flex_attention {mask} {dtype} forward: logits {dl:.1e} loss {dloss:.1e}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sdpa_boolean_keep_mask_is_exact(dtype):
+    """check_inputs lets a 4D boolean mask through for sdpa only (True = attend there): it is
+    exact, logits, loss and gradients."""
+    docs = _docs()
+    model = tiny_llama("sdpa", dtype)
+    b = _batch(docs)
+    inputs = {**hf_flattening(b), "attention_mask": hf.additive_mask(b, dtype) == 0}
+    hf.check_inputs(model, inputs)
+    dl, dloss, dg, _ = _compare(model, inputs, docs, dtype)
+    assert max(dl, dloss, dg) <= TOL[dtype], (dl, dloss, dg)
+    print(f"sdpa bool-4D {dtype}: logits {dl:.1e} loss {dloss:.1e} grad {dg:.1e}")
+
+
 def test_refusals():
     docs = _docs()
     b = _batch(docs)
