@@ -24,7 +24,8 @@ Unequal stream lengths (``uneven``), decided from the flags every rank sends wit
   new but still trains samples moved to it; the others read ``budget / ranks still reading``.
 * ``"stop"``: stop reading at the step where any stream ends (that step is trained); the other
   ranks' unread rows stay in their sources (``stats["unread_ranks"]`` names them, their
-  ``state_dict`` points at the first unread row).
+  ``state_dict`` points at the first unread row); the one row each of them read ahead (to see
+  its stream's end the step it comes) is trained in a flush step.
 
 Either way, carried samples are flushed in further steps (``final=True``: the tail merged into a
 step when it fits), and what cannot make a step (fewer samples than DP ranks) is counted with
