@@ -266,10 +266,65 @@ class CPCostModel(BaseModel):
             expo[:, j] = _exposed(t_f, a_f, hw.overlap) + _exposed(t_b, a_b, hw.overlap)
         return comp, expo, tok, work
 
+    def exchange_parts(self, lengths, n_ranks: int) -> "ExchangeParts":
+        """The exchange of every document on every group size in pieces (same figures as
+        :meth:`table`, which charges every document its own exchange)."""
+        lengths = as_sizes(lengths)
+        sizes = self.sizes(n_ranks)
+        c = self.cost
+        att_f = self._to_seconds(_part(c.forward, "a", lengths))
+        att_b = self._to_seconds(_part(c.backward, "a", lengths)) + (att_f if c.recompute else 0)
+        n, k = lengths.shape[0], sizes.shape[0]
+        out = [np.zeros((n, k)) for _ in range(3)]
+        lat = np.zeros(k)
+        hw = self.hardware
+        kvb = self.kv_bytes_per_token()
+        lf = lengths.astype(np.float64)
+        pairs = lf * (lf + 1) / 2
+        for j, g in enumerate(sizes.tolist()):
+            if g == 1:
+                continue
+            padded = -(-lengths // (2 * g)) * (2 * g)
+            share = zigzag_attention(lengths, g).max(axis=1) / pairs
+            inside = g <= hw.gpus_per_node
+            bw = hw.intra_node_bandwidth if inside else hw.inter_node_bandwidth
+            lat[j] = (hw.intra_node_latency if inside else hw.inter_node_latency) * (g - 1) \
+                * self.layers
+            out[0][:, j] = (g - 1) / g * padded * kvb / bw
+            out[1][:, j] = att_f * share
+            out[2][:, j] = att_b * share
+        return ExchangeParts(out[0], out[1], out[2], lat)
+
+    def group_exposed(self, bytes_s: float, attn_f: float, attn_b: float, k: int,
+                      latency: np.ndarray) -> float:
+        """Exposed seconds of ONE exchange carrying several documents sharded together over a
+        group of ``2^k`` ranks (their summed bandwidth seconds and attention, one latency per
+        ring step per layer): what a ring / all-gather over a packed (THD) group microbatch
+        costs, as Transformer Engine's CP attention and ``tools/train_cp.py`` run it."""
+        hw = self.hardware
+        t_f = bytes_s + float(latency[k])
+        t_b = hw.backward_exchange * t_f + (t_f if self.cost.recompute else 0.0)
+        return float(_exposed(np.float64(t_f), np.float64(attn_f), hw.overlap)
+                     + _exposed(np.float64(t_b), np.float64(attn_b), hw.overlap))
+
+
+class ExchangeParts(NamedTuple):
+    """The pieces of the exposed exchange of every document on every group size (float64[n, K]
+    each, column 0 zero), so that documents sharded together in one group microbatch can share
+    one exchange (:meth:`CPCostModel.group_exposed`): ``bytes_s`` the forward exchange's
+    bandwidth seconds, ``attn_f``/``attn_b`` the document's attention seconds per rank in the
+    forward and backward pass; ``latency`` float64[K] the latency seconds of one forward
+    exchange on a group of that size."""
+
+    bytes_s: np.ndarray
+    attn_f: np.ndarray
+    attn_b: np.ndarray
+    latency: np.ndarray
+
 
 def _exposed(t: np.ndarray, attn: np.ndarray, overlap: float) -> np.ndarray:
     """Exposed seconds of an exchange of ``t`` seconds next to ``attn`` seconds of attention."""
     return (1.0 - overlap) * t + np.maximum(0.0, overlap * t - attn)
 
 
-__all__ = ["CPCostModel", "CPCostTable", "CPHardware", "MAX_POOL"]
+__all__ = ["CPCostModel", "CPCostTable", "CPHardware", "ExchangeParts", "MAX_POOL"]

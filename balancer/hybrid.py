@@ -304,11 +304,21 @@ class HybridEstimate(NamedTuple):
         return self.step_time / self.lower_bound if self.lower_bound > 0 else 1.0
 
 
-def estimate(plan: HybridPlan, model: CPCostModel, lengths) -> HybridEstimate:
+def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
+             exchange: str = "document") -> HybridEstimate:
     """Evaluate ``plan`` (of the documents ``lengths``, indexed by ``plan.item_doc``) under
     ``model``: per rank and round, the sum of its items' compute and exposed exchange (a sharded
     item counts on every rank of its group, a whole one on its owner), plus the per-microbatch
-    constant on every rank that runs something."""
+    constant on every rank that runs something.
+
+    ``exchange="document"`` (the planner's model) charges every sharded document its own
+    exchange (latency included), as when each runs its own pass (Megatron's schedule);
+    ``exchange="group"`` charges one exchange per group and round for all the documents sharded
+    there together (their bytes summed, one latency, hidden behind their summed attention:
+    :meth:`CPCostModel.group_exposed`), as a ring or all-gather over a packed group microbatch
+    runs."""
+    if exchange not in ("document", "group"):
+        raise ValueError(f"exchange {exchange!r}: expected 'document' or 'group'")
     lengths = as_sizes(lengths)
     P = plan.n_ranks
     R = plan.n_rounds
@@ -332,6 +342,28 @@ def estimate(plan: HybridPlan, model: CPCostModel, lengths) -> HybridEstimate:
     np.add.at(comp, (rnd[whole], off[whole] + own[whole]), c_e[whole])
     np.add.at(expo, (rnd[whole], off[whole] + own[whole]), x_e[whole])
     busy[rnd[whole], off[whole] + own[whole]] = True
+    if sh.any() and exchange == "group":
+        # one exchange per (round, group) for its sharded documents together
+        parts = model.exchange_parts(items, P)
+        G = plan.group_size.shape[0]
+        gs = g_of[sh]
+        ks = k[sh]
+        sums = [np.bincount(gs, weights=a[it[sh], ks], minlength=G)
+                for a in (parts.bytes_s, parts.attn_f, parts.attn_b)]
+        x_e = x_e.copy()
+        x_e[sh] = 0.0
+        has = np.bincount(gs, minlength=G) > 0
+        gk = np.log2(plan.group_size).astype(np.int64)
+        grp_x = np.zeros(G)
+        for gi in np.flatnonzero(has).tolist():
+            grp_x[gi] = model.group_exposed(sums[0][gi], sums[1][gi], sums[2][gi], int(gk[gi]),
+                                            parts.latency)
+        grnd = plan.round_of_group()
+        dgx = np.zeros((R, P + 1))
+        hg = np.flatnonzero(has)
+        np.add.at(dgx, (grnd[hg], plan.group_offset[hg]), grp_x[hg])
+        np.add.at(dgx, (grnd[hg], plan.group_offset[hg] + plan.group_size[hg]), -grp_x[hg])
+        expo += np.maximum(np.cumsum(dgx, axis=1)[:, :P], 0.0)
     if sh.any():
         # a sharded item adds to every rank of its group: difference arrays over rank ranges
         dc = np.zeros((R, P + 1))

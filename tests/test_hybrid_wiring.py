@@ -213,3 +213,48 @@ def test_layout_cp_mode_and_rank_capacity():
         Layout(dp=2, capacity=10, cp_mode="dynamic")
     with pytest.raises(ValidationError):
         Layout(dp=2, capacity=10, rank_capacity=0)
+
+
+def test_group_exchange_estimate_against_a_slow_reference():
+    """exchange='group': one exchange per group and round for its sharded documents."""
+    from balancer.cp_cost import _exposed
+    model = CPCostModel.from_preset("llama-7b", 4096)
+    lengths = mixed_lengths(300, seed=4, cap=4096, pool=8)
+    for name in ("hybrid", "fixed_cp4"):
+        plan, _ = plan_strategy(name, lengths, model, 8, 8 * 2 * 4096)
+        items = plan.item_length
+        tab = model.table(items, 8)
+        parts = model.exchange_parts(items, 8)
+        hw = model.hardware
+        load = np.zeros((plan.n_rounds, 8))
+        busy = np.zeros((plan.n_rounds, 8), bool)
+        for r in range(plan.n_rounds):
+            for g in range(plan.round_groups[r], plan.round_groups[r + 1]):
+                off, size = int(plan.group_offset[g]), int(plan.group_size[g])
+                k = int(np.log2(size))
+                b = af = ab = 0.0
+                n_sh = 0
+                for e in range(plan.group_entries[g], plan.group_entries[g + 1]):
+                    it, own = int(plan.entry_item[e]), int(plan.entry_owner[e])
+                    if own < 0 and size > 1:
+                        load[r, off:off + size] += tab.compute[it, k]
+                        busy[r, off:off + size] = True
+                        b += parts.bytes_s[it, k]
+                        af += parts.attn_f[it, k]
+                        ab += parts.attn_b[it, k]
+                        n_sh += 1
+                    else:
+                        load[r, off + max(own, 0)] += tab.compute[it, 0]
+                        busy[r, off + max(own, 0)] = True
+                if n_sh:
+                    t_f = b + parts.latency[k]
+                    t_b = hw.backward_exchange * t_f
+                    load[r, off:off + size] += _exposed(t_f, af, hw.overlap) + _exposed(
+                        t_b, ab, hw.overlap)
+        want = (load + tab.round_constant * busy).max(axis=1).sum()
+        got = estimate(plan, model, lengths, exchange="group")
+        assert got.step_time == pytest.approx(want, rel=1e-9)
+        per_doc = estimate(plan, model, lengths)
+        assert got.step_time <= per_doc.step_time * (1 + 1e-12)
+    with pytest.raises(ValueError, match="exchange"):
+        estimate(plan, model, lengths, exchange="ring")

@@ -15,7 +15,8 @@ cross-entropy over the step's loss tokens (from the plan), gradients are summed 
 once per step, so a step's gradient is the token mean over the global batch.
 
 The log (``--log``) holds per step and rank the measured compute and step time, and the
-step's estimate under the CP cost model (:func:`balancer.hybrid.estimate`) built from the
+step's estimate under the CP cost model (:func:`balancer.hybrid.estimate`, one exchange per
+group microbatch as this trainer runs it; the per-document figure too) built from the
 calibrated CPU preset ``--cost-model`` (``tiny-lm-cpu``) and the gloo figures ``--gloo-bandwidth``
 / ``--gloo-latency``.
 """
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.tiny_lm import add_model_args, masked_attention, token_loss_sum  # noqa: E402
+from tools.tiny_lm import add_model_args, token_loss_sum  # noqa: E402
 
 
 # ---- context-parallel attention -------------------------------------------------------------
@@ -63,45 +64,55 @@ class GroupAllGather(torch.autograd.Function):
         return grad[ctx.me], None, None, None
 
 
-def shard_layout(shard: dict, size: int) -> dict:
+def shard_layout(shard: dict, size: int, me: int) -> dict:
     """What the CP attention needs of a group microbatch, once per batch: the permutation
-    putting the gathered shards in padded order, and per document its rows in this shard."""
+    putting the gathered shards in padded order, and per document its two zigzag chunks in
+    this shard (rows, first position, real query count)."""
     from balancer.cp_shard import shard_index
     cu = shard["cu_seqlens"].numpy().astype(np.int64)
     cu_pad = shard["cu_seqlens_padded"].numpy().astype(np.int64)
     lens = np.diff(cu)
     kpos = np.concatenate([shard_index(lens, size, r) for r in range(size)])
-    doc = shard["document_ids"].numpy()
-    rows = [torch.from_numpy(np.flatnonzero(doc == d)) for d in range(lens.shape[0])]
-    return {"perm": torch.from_numpy(np.argsort(kpos, kind="stable")), "rows": rows,
-            "starts": cu_pad[:-1].tolist(), "lens": lens.tolist()}
+    chunks = []   # (doc start in padded order, real length, row offset, chunk start, queries)
+    row = 0
+    for d, L in enumerate(lens.tolist()):
+        c = int(cu_pad[d + 1] - cu_pad[d]) // (2 * size)
+        for j in (me, 2 * size - 1 - me):  # shard order: chunk me, then chunk 2 size - 1 - me
+            s = j * c
+            if s < L:
+                chunks.append((int(cu_pad[d]), L, row, s, min(c, L - s)))
+            row += c
+    return {"perm": torch.from_numpy(np.argsort(kpos, kind="stable")), "chunks": chunks}
 
 
-def shard_attention(q, k, v, position_ids, lay: dict, group, size: int, me: int):
+def shard_attention(q, k, v, lay: dict, group, size: int, me: int):
     """Causal attention of this member's zigzag shard (q, k, v [Tr, H, D]) against the K/V of
-    the whole group: every document's queries attend its real keys at positions <= theirs;
-    padding queries give 0."""
+    the whole group. Each chunk of queries at positions ``s .. s + n`` attends the document's
+    keys ``0 .. s + n`` with the causal mask of that tile (as ``tools.tiny_lm``'s tiled
+    attention: the work is the chunk's causal pairs, what the CP cost model counts); padding
+    queries give 0."""
+    import torch.nn.functional as F
     kv = GroupAllGather.apply(torch.stack([k, v]), group, size, me)  # [size, 2, Tr, H, D]
     kv = kv.transpose(0, 1).reshape(2, -1, *k.shape[1:])[:, lay["perm"]]
     out = torch.zeros_like(q)
-    for rows, lo, n in zip(lay["rows"], lay["starts"], lay["lens"]):
-        if rows.numel() == 0:
-            continue
-        pos = position_ids[rows]
-        mask = torch.arange(n)[None, :] <= pos[:, None]
-        out = out.index_put((rows,), masked_attention(q[rows], kv[0, lo:lo + n],
-                                                      kv[1, lo:lo + n], mask))
+    for lo, L, row, s, n in lay["chunks"]:
+        e = s + n
+        mask = torch.ones(n, e, dtype=torch.bool).tril(diagonal=s)
+        o = F.scaled_dot_product_attention(
+            q[row:row + n].transpose(0, 1), kv[0, lo:lo + e].transpose(0, 1),
+            kv[1, lo:lo + e].transpose(0, 1), attn_mask=mask)
+        out = out.index_put((torch.arange(row, row + n),), o.transpose(0, 1))
     return out
 
 
 def shard_forward(model, shard: dict, group, size: int, me: int) -> torch.Tensor:
     """TinyLM logits [Tr, vocab] of this member's shard of the group's documents."""
-    lay = shard_layout(shard, size)
+    lay = shard_layout(shard, size, me)
     pos = shard["position_ids"]
     x = model.embed(shard["input_ids"])
     for b in model.blocks:
         q, k, v = b.qkv_heads(x, pos)
-        a = shard_attention(q, k, v, pos, lay, group, size, me)
+        a = shard_attention(q, k, v, lay, group, size, me)
         x = x + b.proj(a.reshape(x.shape))
         x = x + b.mlp(b.norm2(x))
     return model.head(model.norm(x))
@@ -152,7 +163,7 @@ def demo_cost_model(args):
                     inter_node_bandwidth=args.gloo_bandwidth,
                     intra_node_latency=args.gloo_latency, inter_node_latency=args.gloo_latency,
                     overlap=0.0, kv_bytes=4 if args.dtype == "float32" else 8,
-                    backward_exchange=1.0)
+                    backward_exchange=2.0)  # backward all-reduces the gathered [g, ...] grads
     return CPCostModel(cost=load_cost_model(args.cost_model), spec=spec, hardware=hw,
                        rank_capacity=args.rank_capacity)
 
@@ -248,9 +259,13 @@ def estimate_steps(args, lengths) -> dict:
     """The CP cost model's estimate of every step of the plan the ranks train."""
     from balancer.hybrid import estimate
     s = build_sampler(args, lengths, 0)
-    e = estimate(s.plan, s.model, lengths)
+    # the demo runs one all-gather per layer per group round for all the group's sharded
+    # documents: one exchange per group microbatch; the per-document figure is logged too
+    e = estimate(s.plan, s.model, lengths, exchange="group")
+    d = estimate(s.plan, s.model, lengths)
     return {"step_times": e.step_times.tolist(), "exposed_comm_fraction":
             e.exposed_comm_fraction, "documents_cut": e.documents_cut,
+            "step_times_per_document_exchange": d.step_times.tolist(),
             "rounds_per_step": np.diff(s.plan.step_rounds).tolist()}
 
 
@@ -320,7 +335,8 @@ def run(args) -> dict:
         steps.append({"step": s, "loss": sum(r["loss_sum"] for r in rs) / rs[0][
             "step_loss_tokens"], "compute_s": [r["compute_s"] for r in rs],
             "step_s": [r["step_s"] for r in rs], "sync_s": [r["sync_s"] for r in rs],
-            "rounds": rs[0]["rounds"], "est_step_s": est["step_times"][s]})
+            "rounds": rs[0]["rounds"], "est_step_s": est["step_times"][s],
+            "est_step_s_per_document_exchange": est["step_times_per_document_exchange"][s]})
     cfg = {k: v for k, v in vars(args).items() if k != "data_path"}
     log = {"config": cfg, "cp_mode": args.cp_mode, "steps": steps, "estimate": est}
     if args.log:
@@ -339,10 +355,11 @@ def add_cp_train_args(p) -> None:
     g.add_argument("--rank-capacity", type=int, default=512,
                    help="tokens one rank holds per microbatch round")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    g.add_argument("--gloo-bandwidth", type=float, default=2e9,
-                   help="bytes/s a rank receives in a gloo all-gather on this machine (CP cost "
-                        "model of the estimate)")
-    g.add_argument("--gloo-latency", type=float, default=1e-4,
+    g.add_argument("--gloo-bandwidth", type=float, default=5e8,
+                   help="bytes/s a rank receives in a gloo all-gather (CP cost model of the "
+                        "estimate; 2 ranks on the shared 2-core dev machine: 4 KiB 0.96 ms, "
+                        "1 MiB 3.9 ms, 4 MiB 9.8 ms per all_gather, about 1 ms + bytes / 0.5 GB/s)")
+    g.add_argument("--gloo-latency", type=float, default=1e-3,
                    help="seconds per all-gather step per layer (CP cost model of the estimate)")
 
 
