@@ -13,10 +13,20 @@ def __getattr__(name):  # the torch runtime is imported only when asked for
     if name in ("PackedCollator", "PackedDataset", "FlatTokens"):
         from . import collate
         return getattr(collate, name)
+    if name in ("HybridBatchSampler", "HybridCollator"):   # hybrid DP x CP (issue #15)
+        from . import hybrid_loader
+        return getattr(hybrid_loader, name)
+    if name in ("CPCostModel", "CPHardware"):
+        from . import cp_cost
+        return getattr(cp_cost, name)
+    if name in ("plan_hybrid", "plan_fixed_cp", "plan_megatron_hybrid", "estimate"):
+        from . import hybrid
+        return getattr(hybrid, name)
     raise AttributeError(name)
 
-__all__ = ["CostModel", "FlatTokens", "Items", "Layout", "MicrobatchRef", "ModelSpec",
+__all__ = ["CPCostModel", "CPHardware", "CostModel", "FlatTokens", "HybridBatchSampler",
+           "HybridCollator", "Items", "Layout", "MicrobatchRef", "ModelSpec",
            "PackedBatchSampler", "PackedCollator", "PackedDataset", "PassCost", "Plan",
-           "PlannerConfig", "SampleTable", "epoch_order", "load_cost_model", "plan_epoch",
-           "plan_epochs"]
+           "PlannerConfig", "SampleTable", "epoch_order", "estimate", "load_cost_model",
+           "plan_epoch", "plan_epochs", "plan_fixed_cp", "plan_hybrid", "plan_megatron_hybrid"]
 __version__ = "0.1.0"

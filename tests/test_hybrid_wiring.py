@@ -258,3 +258,12 @@ def test_group_exchange_estimate_against_a_slow_reference():
         assert got.step_time <= per_doc.step_time * (1 + 1e-12)
     with pytest.raises(ValueError, match="exchange"):
         estimate(plan, model, lengths, exchange="ring")
+
+
+def test_public_names():
+    import balancer
+    from balancer.hybrid_loader import HybridBatchSampler
+    assert balancer.HybridBatchSampler is HybridBatchSampler
+    for name in ("HybridCollator", "CPCostModel", "CPHardware", "plan_hybrid", "plan_fixed_cp",
+                 "plan_megatron_hybrid", "estimate"):
+        assert name in balancer.__all__ and getattr(balancer, name) is not None
