@@ -51,7 +51,7 @@ from torch.utils.data import IterableDataset
 
 from ..config import Layout, PlannerConfig
 from ..cost import CostModel
-from .balancer import RuntimeBalancer
+from .balancer import LOCAL_ERRORS, RuntimeBalancer
 from .payload import TOKENS, Columns
 
 STATE_VERSION = 1
@@ -149,10 +149,27 @@ class StreamingPackedDataset(IterableDataset):
             return copy.deepcopy(self.source.state_dict())
         return {"consumed": consumed}
 
-    def _tokens(self, row) -> torch.Tensor:
-        v = row[self.tokens_column] if isinstance(row, dict) or hasattr(row, "keys") else row
-        return torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v
-                               ).reshape(-1).to(torch.int64)
+    def _tokens(self, row, k: int) -> torch.Tensor:
+        """The token ids of this rank's ``k``-th row, int64[L]; a ValueError naming the row."""
+        if isinstance(row, dict) or hasattr(row, "keys"):
+            if self.tokens_column not in row:
+                raise ValueError(f"row {k} of this rank's stream has no {self.tokens_column!r} "
+                                 f"(columns: {sorted(row.keys())})")
+            v = row[self.tokens_column]
+        else:
+            v = row
+        t = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v).reshape(-1)
+        if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+            raise ValueError(f"row {k} of this rank's stream: token ids of dtype {t.dtype}, "
+                             f"not integers")
+        return t.to(torch.int64)
+
+    def _id(self, row, k: int, default: int) -> int:
+        if not self.id_column:
+            return default
+        if self.id_column not in row:
+            raise ValueError(f"row {k} of this rank's stream has no id column {self.id_column!r}")
+        return int(row[self.id_column])
 
     def _budget(self) -> int:
         lay, cfg = self.layout, self.config
@@ -191,41 +208,43 @@ class StreamingPackedDataset(IterableDataset):
                 ids.append(int(peek["id"]))
                 have += int(peek["tokens"].numel())
                 peek = None
-            if st["phase"] == "read" and not exhausted:
-                target = self.tokens_per_rank or -(-self._budget() // max(st["active"], 1))
+            try:  # a bad row on one rank is raised on every rank (bal.fail), none hangs
+                if st["phase"] == "read" and not exhausted:
+                    target = self.tokens_per_rank or -(-self._budget() // max(st["active"], 1))
 
-                def pull():  # the next non-empty row (id, tokens), or None at the end
-                    nonlocal consumed, next_local
-                    while True:
-                        try:
-                            row = next(it)
-                        except StopIteration:
-                            return None
-                        consumed += 1
-                        k, next_local = next_local, next_local + 1
-                        c["read"] += 1
-                        toks = self._tokens(row)
-                        if toks.numel():
-                            return (int(row[self.id_column]) if self.id_column else
-                                    bal.rank + lay.dp * k), toks
-                        c["empty"] += 1
+                    def pull():  # the next non-empty row (id, tokens), or None at the end
+                        nonlocal consumed, next_local
+                        while True:
+                            try:
+                                row = next(it)
+                            except StopIteration:
+                                return None
+                            consumed += 1
+                            k, next_local = next_local, next_local + 1
+                            c["read"] += 1
+                            toks = self._tokens(row, k)
+                            if toks.numel():
+                                return self._id(row, k, bal.rank + lay.dp * k), toks
+                            c["empty"] += 1
 
-                while have < target and not exhausted:
-                    got = pull()
-                    if got is None:
-                        exhausted = True
-                        break
-                    ids.append(got[0])
-                    seqs.append(got[1])
-                    have += int(got[1].numel())
-                if not exhausted:  # read one row ahead: a stream's end is known the step it comes
-                    got = pull()
-                    if got is None:
-                        exhausted = True
-                    else:
-                        peek = {"id": got[0], "tokens": got[1]}
-            snapshot = self._snapshot(consumed)
-            cols = Columns.from_sequences(seqs) if seqs else None
+                    while have < target and not exhausted:
+                        got = pull()
+                        if got is None:
+                            exhausted = True
+                            break
+                        ids.append(got[0])
+                        seqs.append(got[1])
+                        have += int(got[1].numel())
+                    if not exhausted:  # one row ahead: a stream's end is known the step it comes
+                        got = pull()
+                        if got is None:
+                            exhausted = True
+                        else:
+                            peek = {"id": got[0], "tokens": got[1]}
+                snapshot = self._snapshot(consumed)
+                cols = Columns.from_sequences(seqs) if seqs else None
+            except LOCAL_ERRORS as e:
+                bal.fail(e)
             ends = all if self.uneven == "drain" else any  # this is the last step read
             res = bal.step(cols, np.asarray(ids, np.int64),
                            header={"exhausted": exhausted, "peek": peek is not None},

@@ -231,6 +231,9 @@ def _make(kind, rank, world, uneven="drain"):
         src = Rows(rank, 1 if rank % 2 == 0 else 0)
     elif kind == "over":  # the last rank's 4th row is over the capacity
         src = Rows(rank, 12, sizes={(world - 1, 3): 300})
+    elif kind == "badrow":  # the last rank's 3rd row has no tokens column
+        src = [{"input_ids": [1, 2, 3], "id": 10 * rank + k} if (rank, k) != (world - 1, 2) else
+               {"text": "x", "id": 10 * rank + k} for k in range(6)]
     else:  # rank 0's 6th row fills a whole microbatch (the heaviest sample there can be)
         src = Rows(rank, {2: [70, 23], 4: [45, 0, 31, 80]}[world][rank], sizes={(0, 5): 256})
     lay = Layout(dp=world, microbatches=2, capacity=256)
@@ -285,6 +288,12 @@ def _streams(rank, world, out):
     except ValueError as e:
         msg = str(e)
     write(out, f"stream_over_{rank}.json", {"error": msg})
+    try:  # a row without the tokens column on one rank: raised on every rank, naming it
+        _run("badrow", rank, world, "drain")
+        msg = None
+    except ValueError as e:
+        msg = str(e)
+    write(out, f"stream_badrow_{rank}.json", {"error": msg})
 
 
 def _check_streams(tmp_path, world):
@@ -328,6 +337,9 @@ def _check_streams(tmp_path, world):
     assert all(sorted(r["stats"]["unplanned_ids"]) == want for r in res)
     assert res[0]["stats"]["unplanned"] == len(want) and res[0]["stats"]["trained"] == 0
     r = world - 1
+    for x in [read(tmp_path, f"stream_badrow_{q}.json") for q in range(world)]:
+        assert x["error"] is not None and f"input refused on rank {r}: row 2 of this rank's " \
+            "stream has no 'input_ids' (columns: ['id', 'text'])" in x["error"], x["error"]
     for x in [read(tmp_path, f"stream_over_{q}.json") for q in range(world)]:
         assert x["error"] is not None and f"rank {r} sample {r * 100_000 + 3}: length 300 " \
             "exceeds the microbatch capacity 256" in x["error"], x["error"]

@@ -78,3 +78,17 @@ def test_source_read_with_workers():
         head, state, _ = _run(make, stop=k)
         tail, _, _ = _run(make, state=state)
         assert head == full[:k] and tail == full[k:]
+
+
+def test_bad_rows_are_named():
+    """Token ids that are not integers, or a row without the tokens or id column: a ValueError
+    naming the row (raised on every rank through the step's collective; 1 rank here)."""
+    import pytest
+    lay = Layout(dp=1, microbatches=1, capacity=CAP)
+    for rows, match in (([{"input_ids": [1.5, 2.0], "id": 0}], r"row 0 .*dtype torch.float64"),
+                        ([{"input_ids": [1], "id": 0}, {"ids": [2], "id": 1}],
+                         r"row 1 of this rank's stream has no 'input_ids'"),
+                        ([{"input_ids": [1]}], r"row 0 .* no id column 'id'")):
+        ds = StreamingPackedDataset(rows, CostModel.quadratic(128), lay, id_column="id")
+        with pytest.raises(ValueError, match="input refused on rank 0: " + match):
+            list(StatefulDataLoader(ds, batch_size=None, num_workers=0))
