@@ -46,7 +46,8 @@ def main():
     mine = [p for m in trainer.packed_history for p in pieces(m)]
     docs = check_exactly_once(mine, lengths)  # every token once over all ranks
     assert trainer.state.global_step == sampler.plan.n_steps
-    report(example="hf_trainer", processes=args.world_size, optimizer_steps=trainer.state.global_step,
+    report(example="hf_trainer", processes=args.world_size,
+           optimizer_steps=trainer.state.global_step,
            planned_steps_per_epoch=sampler.plan.n_steps, documents=docs,
            microbatches_per_rank=len(sampler), tested_with=TESTED_WITH)
 

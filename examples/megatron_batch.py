@@ -48,14 +48,14 @@ def main():
         else:  # Transformer Engine is CUDA-only: its partition, computed here
             idx = torch.from_numpy(cp_shard.shard_index(np.diff(full["cu_seqlens"].numpy()), CP, r))
             shard = {k: v.index_select(1, idx) for k, v in batch.items()}
-            _, psp = mcore_utils.get_thd_batch_on_this_cp_rank(dict(batch), cu, cu_p, max_seqlen, 1, 0)
+            _, psp = mcore_utils.get_thd_batch_on_this_cp_rank(dict(batch), cu, cu_p,
+                                                               max_seqlen, 1, 0)
         assert torch.equal(psp.cu_seqlens_q_padded, params.cu_seqlens_q_padded)
         print(f"CP rank {r}: {shard['tokens'].shape[1]} of {batch['tokens'].shape[1]} tokens")
 
     # a Megatron-style loss over the padded batch equals every document run alone
     model = tiny_llama(torch.float64)
-    mask = additive_mask({"document_ids": full["document_ids"], "position_ids": full["position_ids"]},
-                         torch.float64)
+    mask = additive_mask({k: full[k] for k in ("document_ids", "position_ids")}, torch.float64)
     with torch.no_grad():
         logits = model(input_ids=batch["tokens"], position_ids=batch["position_ids"],
                        attention_mask=mask, use_cache=False).logits[0]
@@ -70,8 +70,9 @@ def main():
     diff = abs(packed - alone) / full["step_loss_tokens"]
     assert diff <= 1e-10, diff
     report(example="megatron_batch", cp=CP, documents=len(full["sample_ids"]),
-           padded_tokens=int(full["cu_seqlens_padded"][-1]), real_tokens=int(full["cu_seqlens"][-1]),
-           loss_diff_vs_unpacked=diff, transformer_engine=getattr(mcore_utils, "tex", None) is not None,
+           padded_tokens=int(full["cu_seqlens_padded"][-1]),
+           real_tokens=int(full["cu_seqlens"][-1]), loss_diff_vs_unpacked=diff,
+           transformer_engine=getattr(mcore_utils, "tex", None) is not None,
            tested_with=TESTED_WITH)
 
 
