@@ -37,6 +37,14 @@ class FieldSpec(NamedTuple):
 Schema = tuple  # tuple[FieldSpec, ...], token fields first, then sample fields, each sorted
 
 
+def token_ids(t: torch.Tensor, where: str) -> torch.Tensor:
+    """``t`` as int64 token ids; a ValueError naming ``where`` for a float, complex or bool
+    tensor (a cast would truncate silently)."""
+    if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise ValueError(f"{where}: token ids of dtype {t.dtype}, not integers")
+    return t.to(torch.int64)
+
+
 def csr_positions(offsets: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """int64 positions of the rows of samples ``idx`` (in that order) in a CSR column."""
     idx = np.asarray(idx, np.int64)
@@ -106,7 +114,10 @@ class Columns:
         ``sample_fields[name]``: a tensor ``[n, ...]`` or a list of n equal-shaped tensors."""
         seqs = [torch.as_tensor(t).reshape(-1) for t in tokens]
         lengths = np.fromiter((s.shape[0] for s in seqs), np.int64, len(seqs))
-        tok = {TOKENS: torch.cat(seqs).to(torch.int64) if seqs else torch.zeros(0, dtype=torch.int64)}
+        for i, t in enumerate(seqs):
+            token_ids(t, f"sample {i}")
+        tok = {TOKENS: token_ids(torch.cat(seqs), "tokens") if seqs else
+               torch.zeros(0, dtype=torch.int64)}
         for name, vals in (token_fields or {}).items():
             vals = [torch.as_tensor(v) for v in vals]
             if len(vals) != len(seqs):
@@ -153,7 +164,7 @@ class Columns:
                 raise ValueError(f"batch[{k!r}] has shape {tuple(v.shape)}: neither [B={b}, S={s}, "
                                  f"...] (per token) nor [B={b}, ...] (per sample)")
         if TOKENS in tok:
-            tok[TOKENS] = tok[TOKENS].to(torch.int64)
+            tok[TOKENS] = token_ids(tok[TOKENS], f"batch[{TOKENS!r}]")
         return cls(lengths, tok, smp)
 
     # ---- selection ------------------------------------------------------------------------

@@ -125,3 +125,17 @@ def test_public_names():
         assert getattr(rt, name) is not None and name in dir(rt)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         rt.nope
+
+
+def test_token_ids_must_be_integers():
+    """A float, complex or bool token tensor is refused naming the sample (a cast would
+    truncate silently); integer dtypes of any width become int64."""
+    with pytest.raises(ValueError, match=r"sample 1: token ids of dtype torch.float32"):
+        Columns.from_sequences([torch.arange(3), torch.tensor([1.5, 2.0])])
+    mask = torch.ones(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"batch\['input_ids'\]: token ids of dtype torch.bool"):
+        Columns.from_padded({"input_ids": mask.bool(), "attention_mask": mask})
+    cols = Columns.from_sequences([torch.arange(3, dtype=torch.int32), [4, 5]])
+    assert cols.token["input_ids"].dtype == torch.int64 and cols.lengths.tolist() == [3, 2]
+    with pytest.raises(ValueError, match="input refused on rank 0: sample 0: token ids"):
+        balance_rollout([torch.tensor([0.5])], CostModel.quadratic(64), 64)
