@@ -77,27 +77,49 @@ def global_batches(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
+def check_pool_limit(lengths: np.ndarray, model: CPCostModel, n_ranks: int,
+                     over_limit: str = "error") -> None:
+    """Refuse (``over_limit="error"``) a document longer than the pool's largest aligned group
+    holds, naming the sample by its id in ``lengths`` (planning sees shuffled batches, whose
+    positions are not sample ids), its length and the limit."""
+    if over_limit == "chunk":
+        return
+    g = 1 << (int(n_ranks).bit_length() - 1)
+    limit = model.doc_limit(g)
+    over = np.flatnonzero(np.asarray(lengths) > limit)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"sample {i}: length {int(lengths[i])} exceeds the pool's limit of "
+                         f"{limit} tokens ({g} ranks x rank_capacity {model.rank_capacity}, CP "
+                         f"padding included); --over-length chunk (over_limit='chunk') cuts "
+                         f"such documents into pieces (counted as documents_cut)")
+
+
 def plan_strategy(name: str, lengths: np.ndarray, model: CPCostModel, n_ranks: int,
-                  batch_tokens: int, *, max_delay: int = 2) -> tuple[HybridPlan, list]:
+                  batch_tokens: int, *, max_delay: int = 2,
+                  over_limit: str = "error") -> tuple[HybridPlan, list]:
     """``(plan of the epoch, planning seconds per global batch)`` of one hybrid-mode strategy.
-    ``plan.item_doc`` indexes ``lengths``."""
+    ``plan.item_doc`` indexes ``lengths``. A document longer than the pool holds is an error
+    naming it, or cut (counted) with ``over_limit="chunk"`` (fixed degrees always cut what
+    their groups cannot hold: that is the baseline)."""
     P = int(n_ranks)
     if name == "hybrid_stream":
         t0 = time.perf_counter()
         sr = plan_hybrid_stream(lengths, model, P, batch_tokens, max_delay=max_delay,
-                                max_advance=max_delay)
+                                max_advance=max_delay, over_limit=over_limit)
         n_b = max(1, sr.plan.n_steps)
         return sr.plan, [(time.perf_counter() - t0) / n_b] * n_b
     plans, secs = [], []
     for a, b in global_batches(lengths, batch_tokens):
         docs = lengths[a:b]
         if name == "hybrid":
-            tab = model.table(docs, P)   # the cost table is per epoch: timed apart
+            limit = model.doc_limit(1 << (P.bit_length() - 1))
+            tab = model.table(docs, P) if (docs <= limit).all() else None  # timed apart
             t0 = time.perf_counter()
-            p = plan_hybrid(docs, model, P, table=tab)
+            p = plan_hybrid(docs, model, P, table=tab, over_limit=over_limit)
         elif name == "megatron_hybrid":
             t0 = time.perf_counter()
-            p = plan_megatron_hybrid(docs, P, model.rank_capacity)
+            p = plan_megatron_hybrid(docs, P, model.rank_capacity, over_limit=over_limit)
         elif name.startswith("fixed_cp"):
             t0 = time.perf_counter()
             p = plan_fixed_cp(docs, model, P, int(name.removeprefix("fixed_cp")))
@@ -255,7 +277,8 @@ def summarize(plan: HybridPlan, model: CPCostModel, lengths: np.ndarray,
 
 def compare_hybrid(lengths: np.ndarray, model: CPCostModel, n_ranks: int, batch_tokens: int,
                    names: list[str], *, max_delay: int = 2,
-                   order: Optional[np.ndarray] = None) -> tuple[dict, dict, dict]:
+                   order: Optional[np.ndarray] = None,
+                   over_limit: str = "error") -> tuple[dict, dict, dict]:
     """Plan ``lengths`` (int64[n]) in the stream order ``order`` (a permutation, default the
     identity; :func:`balancer.planner.epoch_order` gives the fixed mode's) with every hybrid-mode
     strategy and summarise each: ``(result, plot details, plans)``; the plans' ``item_doc`` are
@@ -266,9 +289,12 @@ def compare_hybrid(lengths: np.ndarray, model: CPCostModel, n_ranks: int, batch_
         np.asarray(order, np.int64)
     stream = lengths[order]
     P = int(n_ranks)
+    if any(n in HYBRID_STRATEGIES for n in names):   # fixed degrees cut by design
+        check_pool_limit(lengths, model, P, over_limit)
     blocks, details, plans = {}, {}, {}
     for name in names:
-        plan, secs = plan_strategy(name, stream, model, P, batch_tokens, max_delay=max_delay)
+        plan, secs = plan_strategy(name, stream, model, P, batch_tokens, max_delay=max_delay,
+                                   over_limit=over_limit)
         plan = plan._replace(item_doc=order[plan.item_doc])
         blocks[name], details[name] = summarize(plan, model, lengths, secs,
                                                 per_document=name == "megatron_hybrid")
@@ -333,7 +359,7 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["HYBRID_STRATEGIES", "compare_hybrid", "coverage", "cp_cost_model",
+__all__ = ["HYBRID_STRATEGIES", "check_pool_limit", "compare_hybrid", "coverage", "cp_cost_model",
            "default_strategies", "fixed_degrees", "fixed_to_rounds", "format_table", "warmup",
            "add_fixed_mode_figures", "global_batches",
            "group_size_histogram", "parse_strategies", "plan_strategy", "summarize"]

@@ -24,6 +24,9 @@ one member. The rank's batch:
   ``epoch``, ``step``, ``round`` (index inside the step), ``step_rounds``, ``position``,
   ``last_in_step``.
 
+``HybridBatchSampler.state_dict()`` / ``load_state_dict()`` resume at the next round exactly
+(``state_dict(after=batch)`` when DataLoader workers read ahead).
+
 Summing ``token loss / step_loss_tokens`` over every rank and round of a step, and gradients
 over the pool, trains every token of every document exactly once per epoch
 (``tests/test_hybrid_loader.py`` proves it on 4 gloo ranks).
@@ -39,7 +42,7 @@ from torch.utils.data import Sampler
 from .collate import FetchedMicrobatch, pack_documents
 from .config import Layout
 from .cp_cost import CPCostModel
-from .hybrid_eval import plan_strategy
+from .hybrid_eval import check_pool_limit, plan_strategy
 from .planner import epoch_order
 from .samples import SampleTable
 
@@ -76,7 +79,7 @@ class HybridBatchSampler(Sampler):
     def __init__(self, samples: SampleTable, model: CPCostModel, layout: Layout, *,
                  strategy: str = "hybrid", seed: int = 0, epoch: int = 0,
                  rank: Optional[int] = None, batch_tokens: Optional[int] = None,
-                 max_delay: int = 2):
+                 max_delay: int = 2, over_limit: str = "error"):
         if layout.cp_mode != "hybrid":
             raise ValueError(f"HybridBatchSampler needs a layout with cp_mode='hybrid', got "
                              f"{layout.cp_mode!r} (PackedBatchSampler serves fixed CP)")
@@ -96,6 +99,7 @@ class HybridBatchSampler(Sampler):
                              f"cp {layout.cp})")
         self.rank = int(rank)
         self.strategy, self.seed, self.max_delay = strategy, int(seed), int(max_delay)
+        self.over_limit = over_limit
         self.batch_tokens = int(batch_tokens or self.P * layout.microbatches
                                 * layout.rank_capacity)
         self.epoch = int(epoch)
@@ -110,9 +114,12 @@ class HybridBatchSampler(Sampler):
         """The epoch's :class:`packing.hybrid_cp.HybridPlan` (``item_doc`` are sample ids)."""
         if self._plan_epoch != self.epoch:
             lengths = self.samples.lengths
+            if not self.strategy.startswith("fixed_cp"):   # fixed degrees cut by design
+                check_pool_limit(lengths, self.model, self.P, self.over_limit)  # names it
             order = epoch_order(lengths.shape[0], self.seed, self.epoch)
             plan, _ = plan_strategy(self.strategy, lengths[order], self.model, self.P,
-                                    self.batch_tokens, max_delay=self.max_delay)
+                                    self.batch_tokens, max_delay=self.max_delay,
+                                    over_limit=self.over_limit)
             plan = plan._replace(item_doc=order[plan.item_doc])
             if not plan.item_length.any():
                 plan = plan._replace(item_length=lengths[plan.item_doc])
@@ -156,8 +163,44 @@ class HybridBatchSampler(Sampler):
                          position=int(rnd), step_loss_tokens=int(self._step_loss[step]))
 
     def __iter__(self):
-        for r in range(len(self)):
+        start, self._start = getattr(self, "_start", 0), 0
+        self._position = start
+        for r in range(start, len(self)):
+            self._position = r + 1
             yield self.ref(r)
+        # a finished epoch resumes at the start of the next one
+        self._position = len(self)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def state_dict(self, after: Optional[dict] = None) -> dict:
+        """Where to resume: the round after the last one handed out, or (``after=batch``, the
+        collated batch the training loop last finished: exact when DataLoader workers read
+        ahead) after that batch. A finished epoch resumes at the next one."""
+        epoch, pos = self.epoch, getattr(self, "_position", 0)
+        if after is not None:
+            epoch, pos = int(after["epoch"]), int(after["position"]) + 1
+        if pos >= len(self) and epoch == self.epoch:
+            epoch, pos = epoch + 1, 0
+        return {"version": 1, "epoch": epoch, "position": pos, "seed": self.seed,
+                "strategy": self.strategy, "layout": self.layout.model_dump(),
+                "n_samples": len(self.samples), "dataset": self.samples.fingerprint(),
+                "batch_tokens": self.batch_tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`; a different layout, seed, strategy, budget or
+        dataset is an error naming the key and both values."""
+        mine = self.state_dict()
+        for k in ("version", "seed", "strategy", "layout", "n_samples", "dataset",
+                  "batch_tokens"):
+            if state.get(k) != mine[k]:
+                raise ValueError(f"checkpoint {k} {state.get(k)!r} differs from this sampler's "
+                                 f"{mine[k]!r}")
+        self.set_epoch(int(state["epoch"]))
+        pos = int(state["position"])
+        if not 0 <= pos <= len(self):
+            raise ValueError(f"checkpoint position {pos} is outside 0..{len(self)} (rounds of "
+                             f"epoch {self.epoch})")
+        self._start = self._position = pos
 
 
 class HybridCollator:

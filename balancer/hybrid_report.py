@@ -34,12 +34,14 @@ from .planner import epoch_order
 
 def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: int,
                         names: list[str], *, seed: int = 0, max_delay: int = 2,
-                        layout: dict | None = None, workload: str | None = None):
+                        layout: dict | None = None, workload: str | None = None,
+                        over_limit: str = "error"):
     """``(report dict, plot details, plans)`` of the hybrid-mode strategies on ``lengths``."""
     lengths = np.asarray(lengths, np.int64)
     order = epoch_order(lengths.shape[0], seed, 0)
     res, details, plans = compare_hybrid(lengths, model, n_ranks, batch_tokens, names,
-                                         max_delay=max_delay, order=order)
+                                         max_delay=max_delay, order=order,
+                                         over_limit=over_limit)
     hw = model.hardware
     report = {
         "cp_mode": "hybrid",
@@ -185,13 +187,16 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     lengths, wname = _read_lengths(args)
     if lengths is None:
         raise ValueError("give --lengths FILE.npy|NAME or --dataset DIR")
+    import argparse
+    # the CP cost model needs a preset with a model: mapping; llama-7b unless told
+    args = argparse.Namespace(**{**vars(args), "cost_model": args.cost_model or "llama-7b"})
     model, P, budget = cli_args.build_cp(args)
     layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
     names = parse_strategies(args.strategies, P)
     warmup(model, P)
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
-        layout=layout.model_dump(), workload=wname)
+        layout=layout.model_dump(), workload=wname, over_limit=args.over_length)
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     files = write_plots(report, outp) if plots else {}

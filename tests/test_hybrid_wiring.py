@@ -267,3 +267,21 @@ def test_public_names():
     for name in ("HybridCollator", "CPCostModel", "CPHardware", "plan_hybrid", "plan_fixed_cp",
                  "plan_megatron_hybrid", "estimate"):
         assert name in balancer.__all__ and getattr(balancer, name) is not None
+
+
+def test_hybrid_mode_over_length(tmp_path, capsys):
+    """A document longer than the pool holds: an error naming it by default, cut and counted
+    with --over-length chunk; the report defaults its CP cost model to llama-7b."""
+    f = tmp_path / "l.npy"
+    np.save(f, np.array([100, 9000, 30, 7], np.int64))
+    base = ["report", "--cp-mode", "hybrid", "--lengths", str(f), "--dp", "2",
+            "--rank-capacity", "1024", "--no-plots", "--out", str(tmp_path / "r"),
+            "--strategies", "hybrid,megatron_hybrid"]
+    assert cli.main(base) == 2
+    err = capsys.readouterr().err
+    assert "sample 1: length 9000 exceeds the pool's limit of 2048" in err
+    assert cli.main(base + ["--over-length", "chunk"]) == 0
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["cost_model"] == "llama-7b"
+    for b in rep["strategies"].values():
+        assert b["valid"] and b["documents_cut"] == 1

@@ -192,7 +192,8 @@ def _hybrid(args) -> int:
     order = epoch_order(lengths.shape[0], args.seed, 0)
     hybrid_eval.warmup(model, P)
     res, _, _ = hybrid_eval.compare_hybrid(lengths, model, P, budget, names,
-                                           max_delay=args.max_delay, order=order)
+                                           max_delay=args.max_delay, order=order,
+                                           over_limit=args.over_length)
     res = {"title": args.lengths, "cp_mode": "hybrid",
            "workload": {"samples": int(lengths.shape[0]), "tokens": int(lengths.sum())},
            "layout": {**layout.model_dump(), "pool": P},
