@@ -1,17 +1,21 @@
 """Cost-balanced microbatches for DP x PP x CP training: sample metadata, cost models, the step
 planner, plans, metrics and the command line."""
+from . import _moved
+
+_moved.install()  # old module paths (balancer.sampler, balancer.planner, ...) keep working
+
 from .config import Layout, PlannerConfig
-from .cost import CostModel, ModelSpec, PassCost, load_cost_model
-from .planner import Items, Plan, epoch_order, plan_epoch, plan_epochs
+from .cost.model import CostModel, ModelSpec, PassCost, load_cost_model
+from .planning.planner import Items, Plan, epoch_order, plan_epoch, plan_epochs
 from .samples import SampleTable
 
 
 def __getattr__(name):  # the torch runtime is imported only when asked for
     if name in ("PackedBatchSampler", "MicrobatchRef"):
-        from . import sampler
+        from .loader import sampler
         return getattr(sampler, name)
     if name in ("PackedCollator", "PackedDataset", "FlatTokens"):
-        from . import collate
+        from .loader import collate
         return getattr(collate, name)
     if name in ("HybridBatchSampler", "HybridCollator"):   # hybrid DP x CP (issue #15)
         from . import hybrid_loader

@@ -24,7 +24,7 @@ import numpy as np
 from packing.hybrid_cp import HybridPlan, assemble, concat_plans, plan_batch, shelf_cost
 from packing.validate import as_sizes
 
-from .cp_cost import CPCostModel, CPCostTable
+from ..cost.cp import CPCostModel, CPCostTable
 
 OverLimit = Literal["error", "chunk"]
 

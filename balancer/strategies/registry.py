@@ -17,7 +17,7 @@ from typing import Callable
 
 import packing
 
-from .config import Layout, PlannerConfig, check_budget
+from ..config import Layout, PlannerConfig, check_budget
 
 StrategyFn = Callable[..., packing.StreamPlan]
 _REGISTRY: dict[str, StrategyFn] = {}

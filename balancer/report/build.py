@@ -25,12 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli_args, metrics, workloads
-from .cli import command
-from .config import Layout, PlannerConfig
-from .cost import CostModel, load_cost_model
-from .planner import Plan, plan_epoch
-from .samples import SampleTable
+from ..cli import args as cli_args
+from . import metrics
+from .. import workloads
+from ..cli.main import command
+from ..config import Layout, PlannerConfig
+from ..cost.model import CostModel, load_cost_model
+from ..planning.planner import Plan, plan_epoch
+from ..samples import SampleTable
 
 #: strategies tried as the reference for speedups, first present wins
 BASELINES = ("sequential", "ffd_tokens", "kk_tokens")
@@ -187,7 +189,7 @@ def write_report(report: dict, details: dict, out: str | Path, lengths: np.ndarr
     """Write report.json, report.md and (unless ``plots`` is False) the PNGs under ``out``.
     Returns ``{kind: path}`` of the files written (also stored in ``report["files"]``);
     ``t0`` (a ``time.perf_counter()`` reading) sets ``report["report_seconds"]``."""
-    from . import report_md
+    from . import markdown as report_md
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -246,7 +248,7 @@ def format_summary(report: dict) -> str:
 # ---- command -------------------------------------------------------------------------------
 def _load_stored_plan(path: str, epoch: int = 0):
     try:
-        from . import store
+        from ..store import plan_store as store
     except ModuleNotFoundError as e:
         if e.name != "balancer.store":
             raise

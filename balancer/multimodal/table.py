@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .samples import SampleTable
+from ..samples import SampleTable
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

@@ -21,11 +21,11 @@ from typing import Optional
 
 import numpy as np
 
-from . import store
-from .config import Layout, PlannerConfig
-from .cost import CostModel
-from .planner import EpochStream, Items, epoch_order, make_items, padded_sizes, plan_window
-from .samples import SampleTable
+from . import plan_store as store
+from ..config import Layout, PlannerConfig
+from ..cost.model import CostModel
+from ..planning.planner import EpochStream, Items, epoch_order, make_items, padded_sizes, plan_window
+from ..samples import SampleTable
 
 
 @dataclass
@@ -155,7 +155,7 @@ def window_mb_costs(cost: CostModel, entry_length: np.ndarray, mb_sizes: np.ndar
     """``planner.microbatch_costs`` for the microbatches of one window: every microbatch is the
     sum of its own documents in order, so the window's slice equals the whole-epoch result bit
     for bit wherever the window starts (``base`` is kept for the call signature)."""
-    from . import planner
+    from ..planning import planner
     offsets = np.zeros(mb_sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(mb_sizes, out=offsets[1:])
     return planner.microbatch_costs(cost, entry_length, offsets)
@@ -237,7 +237,7 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
         raise ValueError(f"epochs {epochs} must be >= 1")
     if workers < 1:
         raise ValueError(f"workers {workers} must be >= 1")
-    from . import strategies
+    from ..strategies import registry as strategies
     strategies.get(config.strategy)
     dist = _distributed(group)
     if dist is not None:
@@ -407,7 +407,7 @@ def _array_sizes(tot: dict) -> dict:
 def _warm_kernels(cost, layout, config) -> None:
     """Compile (or load from the cache) the strategy's kernels before the workers fork, so
     each worker does not compile them again."""
-    from .compare import warmup
+    from ..report.compare import warmup
     try:
         warmup([config.strategy], cost, layout, config.model_copy(update={"window_samples": None}))
     except ValueError:

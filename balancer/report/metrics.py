@@ -18,8 +18,8 @@ import numpy as np
 
 from packing.pipeline import rank_step_times
 
-from .cost import CostModel
-from .planner import Plan
+from ..cost.model import CostModel
+from ..planning.planner import Plan
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
 

@@ -29,9 +29,9 @@ from typing import Callable
 
 import numpy as np
 
-from .collate import IGNORE, pack_documents
-from .mm_plan import MMPlan
-from .multimodal import AUDIO, IMAGE, KINDS, VIDEO
+from ..loader.collate import IGNORE, pack_documents
+from .plan import MMPlan
+from .table import AUDIO, IMAGE, KINDS, VIDEO
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from . import cp_shard
-from .cost import CostModel
+from ..cost.model import CostModel
 
 IGNORE = -100
 

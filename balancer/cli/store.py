@@ -22,11 +22,13 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import cli_args, store, workloads
-from .cli import command
-from .config import Layout, PlannerConfig, load_yaml
-from .cost import CostModel, load_cost_model
-from .samples import SampleTable
+from . import args as cli_args
+from ..store import plan_store as store
+from .. import workloads
+from .main import command
+from ..config import Layout, PlannerConfig, load_yaml
+from ..cost.model import CostModel, load_cost_model
+from ..samples import SampleTable
 
 
 class PrecomputeJob(BaseModel):
@@ -182,7 +184,7 @@ def _init_distributed() -> bool:
 
 
 def _precompute_run(args) -> int:
-    from .precompute import precompute
+    from ..store.precompute import precompute
     job, layout, config, cost = resolve(args)
     dist = _init_distributed()
     rank = int(os.environ.get("RANK", "0")) if dist else 0
@@ -231,7 +233,7 @@ def plan_cost_model(manifest: dict) -> CostModel:
 
 def epoch_report(plan, cost: CostModel) -> dict:
     """Headline figures of one stored epoch, recomputed from its arrays."""
-    from . import metrics
+    from ..report import metrics
     sm = metrics.step_metrics(plan, cost) if plan.n_microbatches else None
     d = np.asarray(plan.entry_delay)
     cap = plan.layout.capacity

@@ -8,9 +8,9 @@ from pydantic import ValidationError
 
 from packing.validate import MAX_LENGTH
 
-from . import strategies
-from .config import Layout, PlannerConfig
-from .cost import CostModel, load_cost_model
+from ..strategies import registry as strategies
+from ..config import Layout, PlannerConfig
+from ..cost.model import CostModel, load_cost_model
 
 #: Layout / PlannerConfig field -> the flag that sets it (for one-line errors naming the flag)
 FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",

@@ -40,8 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from packing.validate import MAX_LENGTH, as_sizes
 
-from .cost import CostModel, ModelSpec, PassCost, load_cost_model, preset_path, read_yaml
-from .metrics import zigzag_attention
+from .model import CostModel, ModelSpec, PassCost, load_cost_model, preset_path, read_yaml
+from ..report.metrics import zigzag_attention
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 #: most ranks in one pool (dp x cp of a stage)

@@ -23,8 +23,8 @@ from typing import Optional
 
 import numpy as np
 
-from .cost import CostModel
-from .metrics import zigzag_attention
+from ..cost.model import CostModel
+from ..report.metrics import zigzag_attention
 
 
 def padded_lengths(lengths: np.ndarray, cp: int) -> np.ndarray:

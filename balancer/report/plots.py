@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import metrics
-from .cost import CostModel
+from ..cost.model import CostModel
 
 DPI = 110
 MAX_GANTT_RANKS = 8

@@ -9,13 +9,14 @@ import argparse
 import sys
 import time
 
-from . import cli_args, workloads
-from .compare import compare, format_table, warmup
-from .samples import SampleTable
+from . import args as cli_args
+from .. import workloads
+from ..report.compare import compare, format_table, warmup
+from ..samples import SampleTable
 
 COMMANDS: dict = {}
 #: modules that register more commands when imported (missing ones are skipped)
-COMMAND_MODULES = ("report", "store_cli", "calibration_cli")
+COMMAND_MODULES = ("report.build", "cli.store", "cli.calibrate")
 
 
 def command(name: str, help: str):
@@ -51,7 +52,7 @@ def _demo_run(args) -> int:
     """The imbalance report (balancer.report) on a built-in default: the wlbllm workload (the
     synthetic bimodal-sft one when the shared workloads are absent), a 7B preset on
     8 DP x 4 PP x 2 CP with 4 microbatches per rank, over-long samples chunked."""
-    from .report import run_report
+    from ..report.build import run_report
     t0 = time.perf_counter()
     ns = argparse.Namespace(lengths="wlbllm", samples=None, capacity=None, dp=8, pp=4, cp=2,
                             microbatches=4, global_batch_tokens=None, global_batch_samples=None,

@@ -8,11 +8,11 @@ import numpy as np
 
 import packing
 
-from .config import Layout, PlannerConfig
-from .cost import CostModel
+from ..config import Layout, PlannerConfig
+from ..cost.model import CostModel
 from .metrics import plan_summary
-from .planner import Plan, plan_epoch
-from .samples import SampleTable
+from ..planning.planner import Plan, plan_epoch
+from ..samples import SampleTable
 
 
 def warmup(strategies_: list[str], cost: CostModel, layout: Layout, config: PlannerConfig) -> None:

@@ -34,9 +34,9 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .cost import MAX_DIM, CostModel, ModelSpec, one_line, preset_path, read_yaml
-from .resources import preset_names
-from .multimodal import AUDIO, MediaRules, MultimodalTable
+from ..cost.model import MAX_DIM, CostModel, ModelSpec, one_line, preset_path, read_yaml
+from ..resources import preset_names
+from .table import AUDIO, MediaRules, MultimodalTable
 
 #: floats finite (no inf / NaN), sizes bounded (MAX_DIM): see balancer.cost
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

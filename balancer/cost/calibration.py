@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import numpy as np
 import yaml
 
-from .cost import CostModel, PassCost
+from .model import CostModel, PassCost
 
 PASSES = ("forward", "backward")
 

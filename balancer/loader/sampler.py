@@ -27,10 +27,10 @@ from typing import Callable, Optional, Union
 import numpy as np
 from torch.utils.data import Sampler
 
-from .config import Layout, PlannerConfig
-from .cost import CostModel
-from .planner import Items, Plan, plan_epoch
-from .samples import SampleTable
+from ..config import Layout, PlannerConfig
+from ..cost.model import CostModel
+from ..planning.planner import Items, Plan, plan_epoch
+from ..samples import SampleTable
 
 STATE_VERSION = 1
 PlanSource = Union[Plan, Callable[[int], Plan]]
@@ -93,7 +93,7 @@ class PackedBatchSampler(Sampler):
         if plan_dir is not None:
             if plan is not None:
                 raise ValueError("give plan= or plan_dir=, not both")
-            from . import store
+            from ..store import plan_store as store
             # the manifest is checked against the running job (layout, dataset, sample count,
             # format version) before anything is loaded; a mismatch names the value
             plan = store.plan_source(

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from packing.validate import MAX_LENGTH, as_sizes
 
-from . import resources
+from .. import resources
 
 #: every float of a cost model must be finite (no inf / NaN: they would reach the planner's sums
 #: and the manifest as ``Infinity``)

@@ -61,8 +61,8 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from .config import Layout, PlannerConfig
-from .planner import Items, Plan
+from ..config import Layout, PlannerConfig
+from ..planning.planner import Items, Plan
 
 FORMAT_NAME = "balancer-plan"
 FORMAT_VERSION = 2  # 2: sealed manifest (manifest_sha256)

@@ -16,10 +16,10 @@ import numpy as np
 
 from packing.chunking import expand_pieces
 
-from . import strategies
-from .config import Layout, PlannerConfig, check_budget, step_budget
-from .cost import CostModel
-from .samples import SampleTable
+from ..strategies import registry as strategies
+from ..config import Layout, PlannerConfig, check_budget, step_budget
+from ..cost.model import CostModel
+from ..samples import SampleTable
 
 
 @dataclass(frozen=True)

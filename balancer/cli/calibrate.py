@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .calibration import PASSES, Observations, calibrate, write_preset
-from .cli import command
-from .cost import config_dir
+from ..cost.calibration import PASSES, Observations, calibrate, write_preset
+from .main import command
+from ..cost.model import config_dir
 
 
 def _load(path: str) -> tuple[Observations, Observations | None]:

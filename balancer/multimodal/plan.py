@@ -26,11 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from packing.mm_partition import post_balance
 from packing.pipeline import rank_step_times
 
-from .config import Layout, PlannerConfig
-from .metrics import summarize
-from .mm_cost import MMCostModel
-from .multimodal import AUDIO, KINDS, MultimodalTable
-from .planner import Plan, build_plan, epoch_stream, merge_windows, plan_window
+from ..config import Layout, PlannerConfig
+from ..report.metrics import summarize
+from .cost import MMCostModel
+from .table import AUDIO, KINDS, MultimodalTable
+from ..planning.planner import Plan, build_plan, epoch_stream, merge_windows, plan_window
 
 MODES = ("home", "joint", "post")
 

@@ -17,8 +17,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .resources import preset_names, preset_path
-from .multimodal import MediaRules, MultimodalTable
+from ..resources import preset_names, preset_path
+from .table import MediaRules, MultimodalTable
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,0 +1,5 @@
+"""Command line: ``python -m balancer <command>`` (the ``balancer`` script). Parses flags into
+config models and calls the layers below; nothing below imports it."""
+from .main import COMMANDS, command, main
+
+__all__ = ["COMMANDS", "command", "main"]
