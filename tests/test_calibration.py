@@ -2,15 +2,12 @@
 timings, non-negative least squares is optimal (KKT), held-out errors are what they say, presets
 round-trip through the loader, and tools/calibrate.py measures a real module end to end."""
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from balancer import calibration as cal  # noqa: E402
 from balancer.cost import CostModel, PassCost, load_cost_model  # noqa: E402
 

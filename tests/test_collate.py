@@ -1,8 +1,6 @@
 """The packed collator and its adapters against a slow reference; packed == unpacked for the tiny
 transformer (logits, summed loss, no cross-document attention) and gradient equivalence of
 packing + accumulation with the unpacked token-mean loss."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ from balancer.collate import FetchedMicrobatch, FlatTokens, PackedCollator, Pack
     pack_documents
 from balancer.sampler import PackedBatchSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.tiny_lm import TinyLM, token_loss_sum  # noqa: E402
 
 COST = CostModel.quadratic(65536)

@@ -2,8 +2,6 @@
 once, and scattering post-balanced encoder outputs (exchanged between DP ranks) into the packed
 sequences equals encoding every sample on its own, in the logits and in one training step's
 gradients, with a tiny real vision/audio encoder and the tiny LM."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +18,6 @@ from balancer.mm_plan import MMConfig, check_media_coverage, plan_multimodal
 from balancer.multimodal import AUDIO, AudioRule, MediaRules, MultimodalTable, VisionRule
 from balancer.cost import CostModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.tiny_lm import TinyLM  # noqa: E402
 
 VOCAB, IN_DIM, DIM = 64, 6, 16

@@ -1,13 +1,11 @@
 """The proof tool: its figures are computed right from trainer logs and plans, and a short
 2-rank run of both strategies yields a complete report whose loss curves agree."""
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from balancer import Layout, PlannerConfig, SampleTable, plan_epoch  # noqa: E402
 from balancer.calibration import Calibration, write_preset  # noqa: E402
 from balancer.cost import PassCost, load_cost_model  # noqa: E402

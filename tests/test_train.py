@@ -2,12 +2,10 @@
 compute times, the loss falls, and the first step's reduced gradient equals the unpacked global
 batch's token-mean gradient computed in one process."""
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools import train  # noqa: E402
 from tools.tiny_lm import TinyLM, token_loss_sum  # noqa: E402
 

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 import tracemalloc
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from balancer import cli_args, hybrid_eval, workloads  # noqa: E402
 from balancer.hybrid_eval import add_fixed_mode_figures  # noqa: E402

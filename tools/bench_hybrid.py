@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from balancer import workloads  # noqa: E402
 from balancer.cp_cost import CPCostModel, CPHardware  # noqa: E402

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch  # noqa: E402
 from balancer import workloads  # noqa: E402

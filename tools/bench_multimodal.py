@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from balancer import Layout, PlannerConfig, plan_epoch  # noqa: E402
 from balancer.mm_cost import load_mm_cost_model  # noqa: E402

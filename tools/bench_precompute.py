@@ -24,7 +24,6 @@ import tracemalloc
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch  # noqa: E402
 from balancer import store, workloads  # noqa: E402

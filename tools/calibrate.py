@@ -32,9 +32,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from balancer import calibration as cal_mod  # noqa: E402
 from balancer.cost import config_dir  # noqa: E402

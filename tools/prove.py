@@ -31,9 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from balancer import load_cost_model  # noqa: E402
 from balancer.metrics import step_metrics, summarize  # noqa: E402

@@ -42,8 +42,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum  # noqa: E402
 
