@@ -46,7 +46,7 @@ PACKAGE_OF: dict[str, str] = {
     "balancer.store": "balancer.store.plan_store",
     "balancer.report": "balancer.report.build",
     "balancer.multimodal": "balancer.multimodal.table",
-    "balancer.cli": "balancer.cli.main",
+    "balancer.cli": "balancer.cli.app",
 }
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from packing.validate import MAX_LENGTH, MAX_STEP_TOKENS
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from .zigzag import cp_pad_unit
+from .frozen import FROZEN
+
+_FROZEN = FROZEN  # balancer.frozen: the one model_config
 #: bound of the counts (ranks, microbatches, steps of delay): values feed int64 arithmetic
 MAX_COUNT = 2 ** 20
 
@@ -156,7 +159,7 @@ def min_budget(layout: Layout, by_samples: bool) -> int:
     samples, or as many tokens times the fewest tokens a sample takes (1, or 2 x cp under CP,
     where every document is padded to a multiple of 2 x cp)."""
     per_step = layout.dp * layout.microbatches
-    return per_step if by_samples else per_step * (2 * layout.cp if layout.cp > 1 else 1)
+    return per_step if by_samples else per_step * cp_pad_unit(layout.cp)
 
 
 def check_budget(layout: Layout, budget: int, by_samples: bool) -> None:

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from balancer import CostModel, Layout, PassCost, PlannerConfig, SampleTable, plan_epoch
-from balancer import metrics
+from balancer import metrics, strategies
 from balancer.planner import Items, Plan
 from packing.pipeline import simulate_1f1b
 from tests import naive
 
-STRATEGIES = ["sequential", "ffd_tokens", "kk_tokens", "balanced"]
+STRATEGIES = strategies.names()  # every registered strategy
 # forward L + L^2/64K, backward twice that, in "seconds" so GPU-seconds are defined
 SECONDS = CostModel(name="test-seconds", unit="seconds", forward=PassCost(a=1 / 65536, b=1.0),
                     backward=PassCost(a=2 / 65536, b=2.0))

@@ -5,8 +5,9 @@ from hypothesis import given, strategies as st
 from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch, plan_epochs
 from balancer.metrics import check_coverage, plan_summary
 from balancer.planner import epoch_order
+from balancer import strategies
 
-STRATEGIES = ["sequential", "ffd_tokens", "kk_tokens", "balanced"]
+STRATEGIES = strategies.names()  # every registered strategy
 COST = CostModel.quadratic(65536)
 
 

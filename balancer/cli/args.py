@@ -19,7 +19,8 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
          "max_advance": "--max-advance", "seed": "--seed", "over_length": "--over-length",
          "tail": "--tail", "cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity"}
 
-DEFAULT_STRATEGIES = ("sequential", "ffd_tokens", "kk_tokens", "balanced")
+#: every registered strategy, in registry order (balancer.strategies.registry.STRATEGY_MODULES)
+DEFAULT_STRATEGIES = tuple(strategies.names())
 
 
 def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | None = None) -> None:

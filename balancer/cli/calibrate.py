@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cost.calibration import PASSES, Observations, calibrate, write_preset
-from .main import command
+from .commands import command
 from ..cost.model import config_dir
 
 

@@ -20,21 +20,22 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from . import args as cli_args
 from ..store import plan_store as store
 from .. import workloads
-from .main import command
+from .commands import command
 from ..config import Layout, PlannerConfig, load_yaml
 from ..cost.model import CostModel, load_cost_model
 from ..samples import SampleTable
+from ..frozen import FROZEN
 
 
 class PrecomputeJob(BaseModel):
     """What precompute reads and writes, besides the layout and the planner config."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
     lengths: Optional[str] = Field(None, description=".npy lengths file or a workload name")
     samples: Optional[int] = Field(None, gt=0, description="resample the lengths to this many")
     dataset: Optional[str] = Field(None, description="saved HF dataset directory, or jsonl / "

@@ -6,7 +6,7 @@ multiple of ``2 g`` and zigzag-sharded (:mod:`balancer.cp_shard`): rank ``r`` ho
 and ``2 g - 1 - r``. Per rank, per training step of that document:
 
 * **compute** = attention x (the largest rank's share of the causal query-key pairs, from
-  :func:`balancer.metrics.zigzag_attention`) + linear x (padded tokens / g / L) + the per-document
+  :func:`balancer.zigzag.zigzag_attention`) + linear x (padded tokens / g / L) + the per-document
   constant. Attention and linear parts are the forward and backward coefficients of the
   :class:`~balancer.cost.CostModel` (``PassCost.doc`` of each part; the FLOP formulas stay in
   :class:`~balancer.cost.ModelSpec`), full recompute adding one more forward to the backward.
@@ -36,14 +36,15 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
 from .model import CostModel, ModelSpec, PassCost, load_cost_model, preset_path, read_yaml
-from ..report.metrics import zigzag_attention
+from ..zigzag import zigzag_attention
+from ..frozen import FROZEN, FROZEN_FINITE
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+_FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
 #: most ranks in one pool (dp x cp of a stage)
 MAX_POOL = 2 ** 16
 #: documents per vectorised block of :meth:`CPCostModel.table` (bounds its scratch memory)
@@ -139,7 +140,7 @@ class CPCostModel(BaseModel):
     :class:`ModelSpec` it was built from (K/V bytes), interconnect figures and the per-rank
     token limit."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
     cost: CostModel = Field(description="compute of one document, whole model")
     spec: ModelSpec = Field(description="the model: layers, KV heads, head width")
     hardware: CPHardware = Field(default_factory=CPHardware, description="interconnect")

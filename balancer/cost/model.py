@@ -21,15 +21,16 @@ import math
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
 from .. import resources
+from ..frozen import FROZEN_FINITE
 
 #: every float of a cost model must be finite (no inf / NaN: they would reach the planner's sums
 #: and the manifest as ``Infinity``)
-_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+_FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
 #: bound of every integer size of an analytic model (hidden, layers, heads, ffn, vocab, ...)
 MAX_DIM = 2 ** 24
 

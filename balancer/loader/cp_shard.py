@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from ..cost.model import CostModel
-from ..report.metrics import zigzag_attention
+from ..zigzag import zigzag_attention
 
 
 def padded_lengths(lengths: np.ndarray, cp: int) -> np.ndarray:

@@ -32,6 +32,7 @@ import numpy as np
 from ..loader.collate import IGNORE, pack_documents
 from .plan import MMPlan
 from .table import AUDIO, IMAGE, KINDS, VIDEO
+from ..zigzag import cp_pad_unit
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def collate_microbatch(mp: MMPlan, mb: int, fetch: Fetch, route: StepRoute,
     samples = plan.entry_sample[sl]
     starts, lengths = np.asarray(plan.entry_start[sl]), plan.entry_length[sl]
     docs, item_pos, item_ids = [], [], []
-    unit = 2 * cp if cp > 1 else 1
+    unit = cp_pad_unit(cp)
     offset = 0
     for s, st, ln in zip(samples.tolist(), starts.tolist(), lengths.tolist()):
         ex = fetch(s)

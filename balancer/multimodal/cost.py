@@ -32,14 +32,15 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from ..cost.model import MAX_DIM, CostModel, ModelSpec, one_line, preset_path, read_yaml
 from ..resources import preset_names
 from .table import AUDIO, MediaRules, MultimodalTable
+from ..frozen import FROZEN_FINITE
 
 #: floats finite (no inf / NaN), sizes bounded (MAX_DIM): see balancer.cost
-_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+_FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
 
 
 class EncoderSpec(BaseModel):

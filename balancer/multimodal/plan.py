@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from packing.mm_partition import post_balance
 from packing.pipeline import rank_step_times
@@ -31,6 +31,8 @@ from ..report.metrics import summarize
 from .cost import MMCostModel
 from .table import AUDIO, KINDS, MultimodalTable
 from ..planning.planner import Plan, build_plan, epoch_stream, merge_windows, plan_window
+from ..zigzag import cp_pad_unit
+from ..frozen import FROZEN
 
 MODES = ("home", "joint", "post")
 
@@ -38,7 +40,7 @@ MODES = ("home", "joint", "post")
 class MMConfig(BaseModel):
     """Multimodal policy on top of :class:`~balancer.config.PlannerConfig`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
     mode: Literal["home", "joint", "post"] = Field(
         "post", description="how encoder work is placed: home, joint, post (see module doc)")
     over_capacity: Literal["error", "downscale"] = Field(
@@ -92,7 +94,7 @@ def fit_capacity(table: MultimodalTable, cost: MMCostModel, layout: Layout,
                  mm: MMConfig) -> tuple[MultimodalTable, dict]:
     """Apply the over-capacity policy: every media item within the encoder capacity and every
     sample holding media within the LLM capacity (CP padding included)."""
-    unit = 2 * layout.cp if layout.cp > 1 else 1
+    unit = cp_pad_unit(layout.cp)
     cap = (layout.capacity // unit) * unit
     enc_cap = mm.encoder_capacity or (cost.encoder_capacity(layout.pp) if table.n_media else 0)
     stats = {"media_downscaled": 0, "samples_downscaled": 0}

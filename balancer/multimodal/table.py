@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from ..samples import SampleTable
+from ..frozen import FROZEN
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = FROZEN  # balancer.frozen: the one model_config
 
 IMAGE, VIDEO, AUDIO = 0, 1, 2
 KINDS = ("image", "video", "audio")

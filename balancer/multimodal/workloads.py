@@ -15,12 +15,13 @@ from typing import Optional
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from ..resources import preset_names, preset_path
 from .table import MediaRules, MultimodalTable
+from ..frozen import FROZEN
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = FROZEN  # balancer.frozen: the one model_config
 
 
 class LogNormal(BaseModel):

@@ -20,6 +20,7 @@ from ..strategies import registry as strategies
 from ..config import Layout, PlannerConfig, check_budget, step_budget
 from ..cost.model import CostModel
 from ..samples import SampleTable
+from ..zigzag import cp_pad_unit
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
     """Items in stream order. A sample whose padded size exceeds the capacity raises (policy
     ``error``) or is cut into pieces of the largest size that fits (``chunk``)."""
     ordered = lengths[order]
-    unit = 2 * cp if cp > 1 else 1
+    unit = cp_pad_unit(cp)
     max_piece = (capacity // unit) * unit  # padded pieces must still fit
     if max_piece <= 0:
         raise ValueError(f"capacity {capacity} is smaller than one CP chunk ({unit} tokens)")

@@ -1,9 +1,9 @@
 """The imbalance report: how much time a layout wastes on a workload, level by level, and what
 each packing strategy buys.
 
-``python -m balancer report --lengths X.npy --capacity N ...`` plans the workload with every
-strategy asked for (default: the baselines and ``balanced``); ``--plan DIR`` reports a stored
-plan (``balancer.store``). Either way it writes, under ``--out``:
+``python -m balancer report --lengths X.npy --capacity N ...`` (:mod:`balancer.cli.report`) plans
+the workload with every strategy asked for (default: the baselines and ``balanced``); ``--plan
+DIR`` reports a stored plan (``balancer.store``). Either way it writes, under ``--out``:
 
 * ``report.json``: the stable per-strategy block of ``tools/bench.py``
   (:func:`balancer.metrics.plan_summary`) plus every extra figure (padding, lower bounds,
@@ -17,7 +17,6 @@ structure) is marked ``"valid": false`` with the counts and is not summarised.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -25,17 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import args as cli_args
 from . import metrics
-from .. import workloads
-from ..cli.main import command
+from ..strategies import registry as strategies
 from ..config import Layout, PlannerConfig
-from ..cost.model import CostModel, load_cost_model
+from ..cost.model import CostModel
 from ..planning.planner import Plan, plan_epoch
 from ..samples import SampleTable
 
 #: strategies tried as the reference for speedups, first present wins
-BASELINES = ("sequential", "ffd_tokens", "kk_tokens")
+BASELINES = tuple(strategies.baselines())
 #: per-step series are kept in report.json up to this many steps
 MAX_SERIES_STEPS = 100_000
 
@@ -243,158 +240,3 @@ def format_summary(report: dict) -> str:
         lines.append(f"speedup: estimated epoch time of {base} over each strategy's; idle %: GPU "
                      f"time in pipeline bubbles and DP waits")
     return "\n".join(lines)
-
-
-# ---- command -------------------------------------------------------------------------------
-def _load_stored_plan(path: str, epoch: int = 0):
-    try:
-        from ..store import plan_store as store
-    except ModuleNotFoundError as e:
-        if e.name != "balancer.store":
-            raise
-        raise ValueError(f"--plan {path}: reading stored plans needs balancer.store (the "
-                         f"precompute module), which this installation does not have yet; "
-                         f"report the workload with --lengths instead") from None
-    # the report diagnoses coverage and capacity itself: load a broken plan to show it
-    return store.load_plan(path, epoch or 0, check_plan=False)
-
-
-def _manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:
-    """Sample lengths a plan directory points at: a ``.npy`` named in the manifest (top level
-    or its ``extra``), or ``lengths.npy`` inside the directory; None when there is none."""
-    m = manifest if isinstance(manifest, dict) else {}
-    extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
-    for where in (m, extra):
-        for key in ("lengths", "lengths_path", "lengths_file", "workload"):
-            v = where.get(key)
-            if isinstance(v, str):
-                for cand in (plan_dir / v, Path(v)):
-                    if cand.suffix == ".npy" and cand.is_file():
-                        return workloads.load(str(cand))
-    f = plan_dir / "lengths.npy"
-    return workloads.load(str(f)) if f.is_file() else None
-
-
-def _plan_cost_model(name: str | None, manifest: dict, plan: Plan) -> CostModel:
-    """``--cost-model`` when given, else the stored plan's: its full spec when the manifest
-    carries one (``{"name", "spec"}``), else a preset of that name."""
-    if name:
-        return load_cost_model(name)
-    cm = manifest.get("cost_model") if isinstance(manifest, dict) else None
-    if isinstance(cm, dict):
-        if cm.get("spec"):
-            return CostModel.model_validate(cm["spec"])
-        cm = cm.get("name")
-    cm = cm or plan.cost_model
-    try:
-        return load_cost_model(cm)
-    except ValueError as e:
-        raise ValueError(f"{e}; the plan's cost model {cm!r} is not a known preset, give "
-                         f"--cost-model NAME|FILE.yaml") from None
-
-
-def _read_lengths(args) -> tuple[np.ndarray | None, str | None]:
-    if getattr(args, "dataset", None):
-        import datasets
-        ds = datasets.load_from_disk(args.dataset)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[args.split]
-        return SampleTable.from_dataset(ds, args.length_column, args.tokens_column).lengths, \
-            Path(args.dataset).name
-    if args.lengths:
-        return workloads.load(args.lengths, n=args.samples, seed=args.seed), \
-            Path(args.lengths).stem if args.lengths.endswith(".npy") else args.lengths
-    return None, None
-
-
-def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:
-    """Everything ``python -m balancer report`` does; returns the report dict (with
-    ``report_seconds`` and ``files``)."""
-    from .compare import warmup
-    if getattr(args, "cp_mode", "fixed") == "hybrid":
-        from .hybrid_report import run_hybrid_report
-        return run_hybrid_report(args, out=out, plots=plots, quiet=quiet)
-    t0 = time.perf_counter()
-    lengths, wname = _read_lengths(args)
-    explicit_strategies = args.strategies is not None
-    names = cli_args.parse_strategies(args.strategies or ",".join(cli_args.DEFAULT_STRATEGIES))
-    plans = None
-    if args.plan:
-        plan, manifest = _load_stored_plan(args.plan, getattr(args, "epoch", 0))
-        if lengths is None:
-            lengths = _manifest_lengths(manifest, Path(args.plan))
-            wname = wname or Path(args.plan).name
-        if lengths is not None and SampleTable(lengths).fingerprint() != plan.dataset_fingerprint:
-            raise ValueError(f"--plan {args.plan}: the plan was made for dataset "
-                             f"{plan.dataset_fingerprint}, the lengths given are "
-                             f"{SampleTable(lengths).fingerprint()}")
-        cost = _plan_cost_model(args.cost_model, manifest, plan)
-        layout, config = plan.layout, plan.config
-        plans = {f"{plan.config.strategy} (stored)": plan}
-        names = names if explicit_strategies and lengths is not None else []
-        if lengths is None:
-            # nothing to re-plan or to check lengths against: report the plan alone
-            report = {"workload": {"samples": plan.n_samples,
-                                   "tokens": int(plan.entry_length.sum() + plan.leftover.length.sum()),
-                                   "name": wname, "lengths_known": False},
-                      "layout": layout_block(layout), "cost_model": cost.name,
-                      "cost_unit": cost.unit, "config": config.model_dump(), "strategies": {}}
-            details = {}
-            for name, p in plans.items():
-                report["strategies"][name], details[name] = analyze(p, cost, None)
-            add_speedups(report)
-            lengths = np.zeros(0, np.int64)
-            return _finish(report, details, lengths, cost, out, plots, quiet, t0)
-    else:
-        if lengths is None:
-            raise ValueError("give --lengths FILE.npy|NAME, --dataset DIR or --plan DIR")
-        cost, layout, config = cli_args.build(_with_cost_default(args))
-    if names:
-        warmup(names, cost, layout, config)
-    report, details = build_report(lengths, cost, layout, config, names, workload=wname,
-                                   plans=plans)
-    return _finish(report, details, lengths, cost, out, plots, quiet, t0)
-
-
-def _with_cost_default(args):
-    ns = argparse.Namespace(**vars(args))
-    ns.cost_model = ns.cost_model or "quadratic-64k"
-    return ns
-
-
-def _finish(report, details, lengths, cost, out, plots, quiet, t0) -> dict:
-    files = write_report(report, details, out, lengths, cost, plots=plots, t0=t0)
-    if not quiet:
-        print(format_summary(report))
-        print(f"\nreport written to {Path(out)}/: " + ", ".join(Path(p).name for p in files.values())
-              + f" ({report['report_seconds']:.1f} s)")
-    return report
-
-
-def _report_args(p: argparse.ArgumentParser) -> None:
-    cli_args.add_workload_args(p)
-    cli_args.add_cp_args(p)
-    # None = "not given": a stored plan brings its own cost model and strategy
-    p.set_defaults(cost_model=None, strategies=None)
-    g = p.add_argument_group("report")
-    g.add_argument("--plan", default=None, help="a plan directory written by precompute "
-                   "(balancer.store); its layout and config are used")
-    g.add_argument("--epoch", type=int, default=0, help="epoch of the stored plan to report")
-    g.add_argument("--dataset", default=None, help="a datasets.save_to_disk directory to read "
-                   "lengths from instead of --lengths")
-    g.add_argument("--split", default="train", help="split of a DatasetDict")
-    g.add_argument("--length-column", default="length", help="integer length column")
-    g.add_argument("--tokens-column", default=None, help="token-id column when there is no "
-                   "length column")
-    g.add_argument("--out", default="out/report", help="directory for report.json, report.md "
-                   "and the PNG plots")
-    g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-
-
-def _report_run(args) -> int:
-    report = run_report(args, out=args.out, plots=not args.no_plots)
-    return 0 if all(s.get("valid") for s in report["strategies"].values()) else 1
-
-
-command("report", "imbalance report of a workload or a stored plan: report.json, report.md, "
-                  "PNG plots")((_report_args, _report_run))

@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
-import packing
-
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
 from .metrics import plan_summary
 from ..planning.planner import Plan, plan_epoch
+from ..planning.warmup import warmup  # noqa: F401 (compare.warmup: the tools import it here)
 from ..samples import SampleTable
-
-
-def warmup(strategies_: list[str], cost: CostModel, layout: Layout, config: PlannerConfig) -> None:
-    """Compile every kernel the strategies use on a small input, so no timing includes JIT."""
-    packing.warmup()
-    rng = np.random.default_rng(0)
-    n = max(64, 8 * layout.dp * layout.microbatches)
-    lengths = rng.integers(1, max(2, layout.capacity // 4), n)
-    small = SampleTable(lengths)
-    for s in strategies_:
-        plan_epoch(small, cost, layout, config.model_copy(update={"strategy": s}))
 
 
 def compare(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,

@@ -20,6 +20,7 @@ from packing.pipeline import rank_step_times
 
 from ..cost.model import CostModel
 from ..planning.planner import Plan
+from ..zigzag import cp_pad_unit, zigzag_attention  # noqa: F401 (metrics.zigzag_attention kept)
 
 QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
 
@@ -61,28 +62,6 @@ def check_coverage(plan: Plan, lengths: np.ndarray) -> dict:
     return {"samples_planned": int(n - lost.sum() - dup.sum()),
             "samples_lost": int(lost.sum()), "samples_duplicated": int(dup.sum()),
             "samples_left_over": int(left.sum())}
-
-
-def zigzag_attention(lengths: np.ndarray, cp: int) -> np.ndarray:
-    """Causal attention work (query-key pairs) of every CP rank for documents of these lengths
-    under zigzag sharding: float64[len(lengths), cp]. Padding tokens carry no work."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if cp == 1:
-        lf = lengths.astype(np.float64)
-        return (lf * (lf + 1) / 2)[:, None]
-    c = -(-lengths // (2 * cp))  # chunk size per document
-    out = np.zeros((lengths.shape[0], cp))
-
-    def tri(x):  # sum_{p < x} (p + 1)
-        x = x.astype(np.float64)
-        return x * (x + 1) / 2
-
-    for r in range(cp):
-        for j in (r, 2 * cp - 1 - r):
-            lo = np.minimum(j * c, lengths)
-            hi = np.minimum((j + 1) * c, lengths)
-            out[:, r] += tri(hi) - tri(lo)
-    return out
 
 
 def cp_imbalance(plan: Plan) -> np.ndarray:
@@ -242,7 +221,7 @@ def validate_plan(plan: Plan, lengths: np.ndarray | None = None) -> dict:
         problems.append(f"{int(bad.sum())} entries are out of range (first: sample {int(samp[i])}, "
                         f"start {int(start[i])}, length {int(length[i])}, {n} samples)")
     if not problems and plan.n_microbatches:
-        unit = 2 * plan.layout.cp if plan.layout.cp > 1 else 1
+        unit = cp_pad_unit(plan.layout.cp)
         padded = -(-plan.entry_length // unit) * unit
         over = np.add.reduceat(padded, off[:-1]) > plan.layout.capacity
         if over.any():
@@ -384,7 +363,7 @@ def padding_waste(plan: Plan) -> dict:
     padding (every document padded to a multiple of 2 cp) and unused capacity."""
     cp = plan.layout.cp
     tokens = int(plan.entry_length.sum())
-    unit = 2 * cp if cp > 1 else 1
+    unit = cp_pad_unit(cp)
     padded = int((-(-plan.entry_length // unit) * unit).sum())
     slots = plan.n_microbatches * plan.layout.capacity
     frac = (lambda x: x / slots) if slots else (lambda x: 0.0)
@@ -428,7 +407,7 @@ def epoch_lower_bounds(plan: Plan, cost: CostModel) -> dict:
     bubble-free pipeline (every GPU busy: total cost / (dp pp), in the units of
     ``est_step_time_total``), plus the microbatch constants of the fewest microbatches."""
     lay = plan.layout
-    unit = 2 * lay.cp if lay.cp > 1 else 1
+    unit = cp_pad_unit(lay.cp)
     padded = int((-(-plan.entry_length // unit) * unit).sum())
     per_step = lay.dp * lay.microbatches * lay.capacity
     fwd, bwd = cost.doc_costs(plan.entry_length)

@@ -63,6 +63,7 @@ import numpy as np
 
 from ..config import Layout, PlannerConfig
 from ..planning.planner import Items, Plan
+from ..zigzag import cp_pad_unit
 
 FORMAT_NAME = "balancer-plan"
 FORMAT_VERSION = 2  # 2: sealed manifest (manifest_sha256)
@@ -848,7 +849,7 @@ def _check_against_manifest(a: dict, manifest: dict, ent: dict, epoch: int,
                          f"samples are 0..{n - 1}, dataset.n_samples={n})")
     cp, cap = int(lay["cp"]), int(lay["capacity"])
     if a["mb_fwd"].shape[0]:
-        unit = 2 * cp if cp > 1 else 1
+        unit = cp_pad_unit(cp)
         padded = -(-np.asarray(a["entry_length"], np.int64) // unit) * unit
         over = np.add.reduceat(padded, np.asarray(a["mb_offsets"][:-1])) > cap
         if over.any():

@@ -26,6 +26,7 @@ from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
 from ..planning.planner import EpochStream, Items, epoch_order, make_items, padded_sizes, plan_window
 from ..samples import SampleTable
+from ..zigzag import cp_pad_unit
 
 
 @dataclass
@@ -65,7 +66,7 @@ class EpochWindows:
         self.lengths, self.layout, self.config = lengths, layout, config
         n = lengths.shape[0]
         self.order = epoch_order(n, config.seed, epoch, config.shuffle)
-        unit = 2 * layout.cp if layout.cp > 1 else 1
+        unit = cp_pad_unit(layout.cp)
         self.max_piece = (layout.capacity // unit) * unit
         make_items(self.order[:0], lengths, layout.capacity, layout.cp, config.over_length)
         tl = [lo + np.flatnonzero(lengths[self.order[lo:lo + block]] > self.max_piece)
@@ -407,7 +408,7 @@ def _array_sizes(tot: dict) -> dict:
 def _warm_kernels(cost, layout, config) -> None:
     """Compile (or load from the cache) the strategy's kernels before the workers fork, so
     each worker does not compile them again."""
-    from ..report.compare import warmup
+    from ..planning.warmup import warmup
     try:
         warmup([config.strategy], cost, layout, config.model_copy(update={"window_samples": None}))
     except ValueError:

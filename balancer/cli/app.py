@@ -1,0 +1,39 @@
+"""Command line: ``python -m balancer <command>``.
+
+The command table is :data:`balancer.cli.commands.COMMANDS` (name -> (help, add_arguments,
+run)); each command module fills its rows with :func:`~balancer.cli.commands.command`, and
+:func:`main` imports the modules of :data:`COMMAND_MODULES`, in that order (the order of
+``--help``), then builds one sub-parser per row."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .commands import COMMANDS, command  # noqa: F401 (balancer.cli.command: the old home)
+
+#: modules that register commands when imported, in --help order (missing ones are skipped)
+COMMAND_MODULES = ("cli.compare", "cli.report", "cli.store", "cli.calibrate")
+
+
+def main(argv=None) -> int:
+    # importing these registers their commands
+    for mod in COMMAND_MODULES:
+        try:
+            __import__(f"balancer.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"balancer.{mod}":
+                raise
+    p = argparse.ArgumentParser(prog="python -m balancer", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, (help_, add, run) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        add(sp)
+        sp.set_defaults(_run=run)
+    args = p.parse_args(argv)
+    try:
+        return args._run(args)
+    except (ValueError, OSError) as e:  # bad input: one line naming the file / flag / sample
+        msg = " ".join(str(e).split("\n"))
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+
