@@ -37,6 +37,9 @@ MOVED: dict[str, str] = {
     "balancer.cli_args": "balancer.cli.args",
     "balancer.store_cli": "balancer.cli.store",
     "balancer.calibration_cli": "balancer.cli.calibrate",
+    "balancer.hybrid_eval": "balancer.planning.hybrid_eval",
+    "balancer.hybrid_loader": "balancer.loader.hybrid",
+    "balancer.hybrid_report": "balancer.cli.hybrid_report",
 }
 
 #: old module path that is now a sub-package -> the module whose attributes it forwards

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import tracemalloc
 
 import numpy as np
-
 
 from balancer import cli_args, hybrid_eval, workloads  # noqa: E402
 from balancer.hybrid_eval import add_fixed_mode_figures  # noqa: E402

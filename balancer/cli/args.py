@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import numpy as np
 from pydantic import ValidationError
 
 from packing.validate import MAX_LENGTH
@@ -11,6 +13,8 @@ from packing.validate import MAX_LENGTH
 from ..strategies import registry as strategies
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel, load_cost_model
+from .. import workloads
+from ..samples import SampleTable
 
 #: Layout / PlannerConfig field -> the flag that sets it (for one-line errors naming the flag)
 FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
@@ -124,7 +128,7 @@ def add_cp_args(p: argparse.ArgumentParser) -> None:
 def build_cp(args):
     """``(CPCostModel or None, pool ranks, batch tokens)`` from the CP flags; None without
     ``--rank-capacity`` in fixed mode. Errors name the flag."""
-    from .cp_cost import CPCostModel, CPHardware
+    from ..cost.cp import CPCostModel, CPHardware
     mode = getattr(args, "cp_mode", "fixed") or "fixed"
     rc = getattr(args, "rank_capacity", None)
     if rc is None:
@@ -164,3 +168,19 @@ def build_cp(args):
     if budget > 2 ** 52:
         raise ValueError(f"--global-batch-tokens {budget}: exceeds 2**52")
     return model, P, int(budget)
+
+
+def read_lengths(args) -> tuple[np.ndarray | None, str | None]:
+    """Lengths and a workload name from ``--dataset DIR`` or ``--lengths FILE|NAME`` (the
+    report commands); ``(None, None)`` when neither is given."""
+    if getattr(args, "dataset", None):
+        import datasets
+        ds = datasets.load_from_disk(args.dataset)
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[args.split]
+        return SampleTable.from_dataset(ds, args.length_column, args.tokens_column).lengths, \
+            Path(args.dataset).name
+    if args.lengths:
+        return workloads.load(args.lengths, n=args.samples, seed=args.seed), \
+            Path(args.lengths).stem if args.lengths.endswith(".npy") else args.lengths
+    return None, None

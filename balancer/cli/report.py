@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from . import args as cli_args
+from .args import read_lengths as _read_lengths
 from .. import workloads
 from .commands import command
 from ..cost.model import CostModel, load_cost_model
@@ -64,20 +65,6 @@ def _plan_cost_model(name: str | None, manifest: dict, plan: Plan) -> CostModel:
     except ValueError as e:
         raise ValueError(f"{e}; the plan's cost model {cm!r} is not a known preset, give "
                          f"--cost-model NAME|FILE.yaml") from None
-
-
-def _read_lengths(args) -> tuple[np.ndarray | None, str | None]:
-    if getattr(args, "dataset", None):
-        import datasets
-        ds = datasets.load_from_disk(args.dataset)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[args.split]
-        return SampleTable.from_dataset(ds, args.length_column, args.tokens_column).lengths, \
-            Path(args.dataset).name
-    if args.lengths:
-        return workloads.load(args.lengths, n=args.samples, seed=args.seed), \
-            Path(args.lengths).stem if args.lengths.endswith(".npy") else args.lengths
-    return None, None
 
 
 def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:

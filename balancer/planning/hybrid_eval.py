@@ -26,7 +26,7 @@ import numpy as np
 
 from packing.hybrid_cp import HybridPlan, check_plan, concat_plans
 
-from .cp_cost import CPCostModel, CPHardware
+from ..cost.cp import CPCostModel, CPHardware
 from .hybrid import estimate, plan_fixed_cp, plan_hybrid, plan_hybrid_stream, plan_megatron_hybrid
 
 #: named strategies of the hybrid mode (``fixed_cp<c>`` come on top, one per degree)

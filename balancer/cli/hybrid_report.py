@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli_args
-from .hybrid_eval import compare_hybrid, parse_strategies, warmup
-from .planner import epoch_order
+from . import args as cli_args
+from ..planning.hybrid_eval import compare_hybrid, parse_strategies, warmup
+from ..planning.planner import epoch_order
 
 
 def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: int,
@@ -122,7 +122,7 @@ def render_md(report: dict) -> str:
 
 def write_plots(report: dict, out: Path) -> dict:
     """The three PNGs; returns ``{kind: path}``."""
-    from .plots import _plt
+    from ..report.plots import _plt
     plt = _plt()
     files = {}
     st = {n: b for n, b in report["strategies"].items() if b.get("valid")}
@@ -179,7 +179,8 @@ def write_plots(report: dict, out: Path) -> dict:
 
 def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:
     """Everything ``python -m balancer report --cp-mode hybrid`` does; returns the report."""
-    from .report import _jsonable, _read_lengths
+    from ..report.build import _jsonable
+    from .args import read_lengths as _read_lengths
     t0 = time.perf_counter()
     if getattr(args, "plan", None):
         raise ValueError("--plan: stored plans are fixed-mode plans; --cp-mode hybrid plans "
@@ -208,7 +209,7 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     with open(files["json"], "w") as f:
         json.dump(_jsonable(report), f, indent=1)
     if not quiet:
-        from .hybrid_eval import format_table
+        from ..planning.hybrid_eval import format_table
         print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],
                             "overlap": report["cp_cost_model"]["overlap"]}))
         print(f"\nreport written to {outp}/: " + ", ".join(Path(p).name for p in files.values())

@@ -40,11 +40,11 @@ import torch
 from torch.utils.data import Sampler
 
 from .collate import FetchedMicrobatch, pack_documents
-from .config import Layout
-from .cp_cost import CPCostModel
-from .hybrid_eval import check_pool_limit, plan_strategy
-from .planner import epoch_order
-from .samples import SampleTable
+from ..config import Layout
+from ..cost.cp import CPCostModel
+from ..planning.hybrid_eval import check_pool_limit, plan_strategy
+from ..planning.planner import epoch_order
+from ..samples import SampleTable
 
 
 class HybridRef(list):
