@@ -6,26 +6,26 @@ _moved.install()  # old module paths (balancer.sampler, balancer.planner, ...) k
 
 from .config import Layout, PlannerConfig
 from .cost.model import CostModel, ModelSpec, PassCost, load_cost_model
-from .planning.planner import Items, Plan, epoch_order, plan_epoch, plan_epochs
+from .planning.plan import Items, Plan
 from .samples import SampleTable
 
+#: public names imported on first use: the planner (numba) and the torch runtime are not
+#: imported by ``import balancer`` or by the loader's collator
+_LAZY = {"epoch_order": "planning.stream", "plan_epoch": "planning.planner",
+         "plan_epochs": "planning.planner", "PackedBatchSampler": "loader.sampler",
+         "MicrobatchRef": "loader.sampler", "PackedCollator": "loader.collate",
+         "PackedDataset": "loader.collate", "FlatTokens": "loader.collate",
+         # hybrid DP x CP (issue #15)
+         "HybridBatchSampler": "loader.hybrid", "HybridCollator": "loader.hybrid",
+         "CPCostModel": "cost.cp", "CPHardware": "cost.cp", "plan_hybrid": "planning.hybrid",
+         "plan_fixed_cp": "planning.hybrid", "plan_megatron_hybrid": "planning.hybrid",
+         "estimate": "planning.hybrid"}
 
-def __getattr__(name):  # the torch runtime is imported only when asked for
-    if name in ("PackedBatchSampler", "MicrobatchRef"):
-        from .loader import sampler
-        return getattr(sampler, name)
-    if name in ("PackedCollator", "PackedDataset", "FlatTokens"):
-        from .loader import collate
-        return getattr(collate, name)
-    if name in ("HybridBatchSampler", "HybridCollator"):   # hybrid DP x CP (issue #15)
-        from . import hybrid_loader
-        return getattr(hybrid_loader, name)
-    if name in ("CPCostModel", "CPHardware"):
-        from . import cp_cost
-        return getattr(cp_cost, name)
-    if name in ("plan_hybrid", "plan_fixed_cp", "plan_megatron_hybrid", "estimate"):
-        from . import hybrid
-        return getattr(hybrid, name)
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(name)
 
 __all__ = ["CPCostModel", "CPHardware", "CostModel", "FlatTokens", "HybridBatchSampler",

@@ -15,6 +15,16 @@ def cp_pad_unit(cp: int) -> int:
     return 2 * cp if cp > 1 else 1
 
 
+def padded_lengths(lengths: np.ndarray, cp: int) -> np.ndarray:
+    """int64[N]: each document's length rounded up to a multiple of ``2 cp`` (as it is when
+    cp == 1): the tokens it occupies in a microbatch and in the CP shards."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if cp <= 1:
+        return lengths
+    unit = cp_pad_unit(cp)
+    return -(-lengths // unit) * unit
+
+
 def zigzag_attention(lengths: np.ndarray, cp: int) -> np.ndarray:
     """Causal attention work (query-key pairs) of every CP rank for documents of these lengths
     under zigzag sharding: float64[len(lengths), cp]. Padding tokens carry no work."""

@@ -16,7 +16,7 @@ from balancer.config import Layout
 from balancer.cp_cost import CPCostModel
 from balancer.hybrid_loader import HybridBatchSampler, HybridCollator, aligned_groups
 from balancer.samples import SampleTable
-from tests.test_distributed import run_ranks
+from tests.common.gloo import run_ranks
 
 CAP = 64
 WORLD = 4

@@ -68,7 +68,8 @@ def test_precompute_equals_plan_epochs(samples, tmp_path, case, workers):
 
 def test_microbatch_costs_identical_across_planner_blocks(samples, tmp_path, monkeypatch):
     # the planner sums document costs block by block; windows straddle those blocks
-    monkeypatch.setattr(planner, "_BLOCK", 1000)
+    from balancer.cost import blocks
+    monkeypatch.setattr(blocks, "_BLOCK", 1000)
     layout, config = CASES["balanced-chunk-carry-cp2"]
     config = config.model_copy(update={"window_samples": 1234})
     ref = plan_epochs(samples, COST, layout, config, 1)[0]

@@ -20,10 +20,12 @@ PKG = Path(registry.__file__).parent
 
 def test_names_follow_the_module_list():
     assert strategies.names() == list(registry.STRATEGY_MODULES)
-    assert strategies.names() == ["sequential", "ffd_tokens", "kk_tokens", "balanced"]
+    # the shipped ones keep their order (a new strategy adds a name, it changes none of these)
+    shipped = ["sequential", "ffd_tokens", "kk_tokens", "balanced"]
+    assert [n for n in strategies.names() if n in shipped] == shipped
     assert list(cli_args.DEFAULT_STRATEGIES) == strategies.names()
-    assert list(build.BASELINES) == strategies.baselines() == ["sequential", "ffd_tokens",
-                                                               "kk_tokens"]
+    assert list(build.BASELINES) == strategies.baselines()
+    assert [n for n in strategies.baselines() if n in shipped] == shipped[:3]
 
 
 def test_every_module_registers_its_own_name_once():
@@ -37,7 +39,7 @@ def test_every_module_registers_its_own_name_once():
         assert len(regs) == 1 and regs[0].args[0].value == m, m
 
 
-@pytest.mark.parametrize("name", ["sequential", "ffd_tokens", "kk_tokens", "balanced"])
+@pytest.mark.parametrize("name", strategies.names())
 def test_knobs_are_config_fields_and_docs_are_one_line(name):
     assert set(strategies.knobs(name)) <= set(PC.model_fields)
     assert strategies.describe(name) and "\n" not in strategies.describe(name)

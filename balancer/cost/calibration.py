@@ -54,20 +54,9 @@ def to_csr(microbatches: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarra
 
 
 def features(doc_lengths, offsets) -> np.ndarray:
-    """float64[M, 4]: ``(sum L^2, sum L, 1, number of documents)`` of every microbatch."""
-    lf = np.asarray(doc_lengths, dtype=np.float64)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 or offsets[-1] != lf.shape[0] \
-            or (np.diff(offsets) < 1).any():
-        raise ValueError(f"offsets must rise strictly from 0 to {lf.shape[0]} (one or more "
-                         f"documents per microbatch), got {offsets[:8].tolist()}...")
-    starts = offsets[:-1]
-    x = np.empty((starts.shape[0], 4))
-    x[:, 0] = np.add.reduceat(lf * lf, starts)
-    x[:, 1] = np.add.reduceat(lf, starts)
-    x[:, 2] = 1.0
-    x[:, 3] = np.diff(offsets)
-    return x
+    """float64[M, 4]: ``(sum L^2, sum L, 1, number of documents)`` of every microbatch (the cost
+    formula's :meth:`~balancer.cost.protocol.CostFormula.calibration_features`)."""
+    return CostModel.calibration_features(doc_lengths, offsets)
 
 
 def predict(coef: PassCost, doc_lengths, offsets) -> np.ndarray:

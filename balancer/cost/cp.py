@@ -8,7 +8,7 @@ and ``2 g - 1 - r``. Per rank, per training step of that document:
 * **compute** = attention x (the largest rank's share of the causal query-key pairs, from
   :func:`balancer.zigzag.zigzag_attention`) + linear x (padded tokens / g / L) + the per-document
   constant. Attention and linear parts are the forward and backward coefficients of the
-  :class:`~balancer.cost.CostModel` (``PassCost.doc`` of each part; the FLOP formulas stay in
+  :class:`~balancer.cost.CostModel` (its ``doc_parts``: the CostFormula protocol; the FLOP formulas stay in
   :class:`~balancer.cost.ModelSpec`), full recompute adding one more forward to the backward.
 * **exchange**: every rank receives the K and V of the other ``g - 1`` shares in every layer, in
   the forward pass (``(g - 1) / g * padded * kv_bytes_per_token`` bytes) and ``backward_exchange``
@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
-from .model import CostModel, ModelSpec, PassCost, load_cost_model, preset_path, read_yaml
+from .model import CostModel, ModelSpec, load_cost_model, preset_path, read_yaml
 from ..zigzag import zigzag_attention
 from ..frozen import FROZEN, FROZEN_FINITE
 
@@ -126,13 +126,6 @@ class CPCostTable(NamedTuple):
     def feasible(self) -> np.ndarray:
         """bool[n, K]: the document fits each rank of a group of that size."""
         return self.tokens <= self.rank_capacity
-
-
-def _part(pc: PassCost, keep: str, lengths: np.ndarray) -> np.ndarray:
-    """One part of a pass's per-document cost (``"a"``: attention, ``"b"``: linear, ``"d"``:
-    per-document constant), evaluated by :meth:`PassCost.doc` itself."""
-    zero = {k: 0.0 for k in ("a", "b", "d") if k != keep}
-    return pc.model_copy(update=zero).doc(lengths)
 
 
 class CPCostModel(BaseModel):
@@ -230,14 +223,7 @@ class CPCostModel(BaseModel):
 
     def _block(self, lengths: np.ndarray, sizes: np.ndarray):
         c = self.cost
-        f, b = c.forward, c.backward
-        att_f = _part(f, "a", lengths)
-        att_b = _part(b, "a", lengths) + (att_f if c.recompute else 0.0)
-        lin = _part(f, "b", lengths) + _part(b, "b", lengths)
-        per_doc = _part(f, "d", lengths) + _part(b, "d", lengths)
-        if c.recompute:
-            lin = lin + _part(f, "b", lengths)
-            per_doc = per_doc + _part(f, "d", lengths)
+        att_f, att_b, lin, per_doc = c.doc_parts(lengths)  # the cost formula's own split
         att_f, att_b = self._to_seconds(att_f), self._to_seconds(att_b)
         lin, per_doc = self._to_seconds(lin), self._to_seconds(per_doc)
         lf = lengths.astype(np.float64)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from packing.validate import MAX_LENGTH, as_sizes
 
 from .. import resources
+from ..zigzag import padded_lengths, zigzag_attention
 from ..frozen import FROZEN_FINITE
 
 #: every float of a cost model must be finite (no inf / NaN: they would reach the planner's sums
@@ -91,6 +92,13 @@ class PassCost(BaseModel):
         if self.d:
             out += self.d
         return out
+
+
+def _part(pc: PassCost, keep: str, lengths: np.ndarray) -> np.ndarray:
+    """One part of a pass's per-document cost (``"a"``: attention, ``"b"``: linear, ``"d"``:
+    per-document constant), evaluated by :meth:`PassCost.doc` itself."""
+    zero = {k: 0.0 for k in ("a", "b", "d") if k != keep}
+    return pc.model_copy(update=zero).doc(lengths)
 
 
 class ModelSpec(BaseModel):
@@ -219,6 +227,57 @@ class CostModel(BaseModel):
         f, b = self.doc_costs(lengths)
         cf, cb = self.microbatch_constant
         return float(f.sum() + cf), float(b.sum() + cb)
+
+    def doc_parts(self, lengths) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per-document cost by part, float64[n] each: ``(attention forward, attention
+        backward, linear forward + backward, per-document constant forward + backward)``, the
+        recompute forward included; they sum to :meth:`doc_total` (the CP cost model scales
+        attention and linear work differently per CP degree)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        f, b = self.forward, self.backward
+        att_f = _part(f, "a", lengths)
+        att_b = _part(b, "a", lengths) + (att_f if self.recompute else 0.0)
+        lin = _part(f, "b", lengths) + _part(b, "b", lengths)
+        per_doc = _part(f, "d", lengths) + _part(b, "d", lengths)
+        if self.recompute:
+            lin = lin + _part(f, "b", lengths)
+            per_doc = per_doc + _part(f, "d", lengths)
+        return att_f, att_b, lin, per_doc
+
+    def shard_costs(self, lengths, cp: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(whole float64[n], sharded float64[n, cp])``: forward plus backward of every
+        document placed whole on one CP rank, and of each rank's zigzag shard of it (causal
+        query-key pairs of the shard x the quadratic coefficient, plus the linear cost of its
+        padded tokens / cp). The per-document and per-microbatch constants are left out: they
+        do not depend on the placement (see :class:`~balancer.cost.protocol.CostFormula`)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        f, bw = self.forward, self.backward
+        # a L^2 = 2 a x (query-key pairs L (L + 1) / 2) up to the linear term, per pass
+        a_pairs = 2.0 * (f.a + bw.a + (f.a if self.recompute else 0.0))
+        b = f.b + bw.b + (f.b if self.recompute else 0.0)
+        lf = lengths.astype(np.float64)
+        padded = padded_lengths(lengths, cp).astype(np.float64)
+        whole = a_pairs * lf * (lf + 1) / 2 + b * lf
+        sharded = a_pairs * zigzag_attention(lengths, cp) + (b * padded / cp)[:, None]
+        return whole, sharded
+
+    @staticmethod
+    def calibration_features(doc_lengths, offsets) -> np.ndarray:
+        """float64[M, 4]: ``(sum L^2, sum L, 1, number of documents)`` of every microbatch,
+        the columns of :class:`PassCost`'s ``a, b, c, d``."""
+        lf = np.asarray(doc_lengths, dtype=np.float64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 \
+                or offsets[-1] != lf.shape[0] or (np.diff(offsets) < 1).any():
+            raise ValueError(f"offsets must rise strictly from 0 to {lf.shape[0]} (one or more "
+                             f"documents per microbatch), got {offsets[:8].tolist()}...")
+        starts = offsets[:-1]
+        x = np.empty((starts.shape[0], 4))
+        x[:, 0] = np.add.reduceat(lf * lf, starts)
+        x[:, 1] = np.add.reduceat(lf, starts)
+        x[:, 2] = 1.0
+        x[:, 3] = np.diff(offsets)
+        return x
 
     def capacity(self, cp: int = 1, pp: int = 1) -> int:
         if self.memory is None:

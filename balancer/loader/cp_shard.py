@@ -24,16 +24,10 @@ from typing import Optional
 import numpy as np
 
 from ..cost.model import CostModel
-from ..zigzag import zigzag_attention
+from ..zigzag import padded_lengths, zigzag_attention  # noqa: F401 (cp_shard.padded_lengths kept)
 
-
-def padded_lengths(lengths: np.ndarray, cp: int) -> np.ndarray:
-    """int64[N]: each document's length rounded up to a multiple of ``2 cp`` (1 when cp == 1)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if cp <= 1:
-        return lengths
-    unit = 2 * cp
-    return -(-lengths // unit) * unit
+#: the placement cost when the collator is given no cost model
+_DEFAULT_COST = CostModel.quadratic(65536)
 
 
 def _segments_to_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -95,18 +89,10 @@ def rank_attention(lengths: np.ndarray, cp: int, owner: Optional[np.ndarray] = N
 
 
 def _doc_loads(lengths: np.ndarray, cp: int, cost: Optional[CostModel]):
-    """(whole cost float64[N], sharded per-rank cost float64[N, cp]) of every document."""
-    a_pairs = 2.0 / 65536 * 3  # quadratic-64k fwd + bwd, per query-key pair
-    b = 3.0
-    if cost is not None:
-        f, bw = cost.forward, cost.backward
-        a_pairs = 2.0 * (f.a + bw.a + (f.a if cost.recompute else 0.0))
-        b = f.b + bw.b + (f.b if cost.recompute else 0.0)
-    lf = lengths.astype(np.float64)
-    padded = padded_lengths(lengths, cp).astype(np.float64)
-    whole = a_pairs * lf * (lf + 1) / 2 + b * lf
-    sharded = a_pairs * zigzag_attention(lengths, cp) + (b * padded / cp)[:, None]
-    return whole, sharded
+    """(whole cost float64[N], sharded per-rank cost float64[N, cp]) of every document, from
+    the cost model's :meth:`~balancer.cost.protocol.CostFormula.shard_costs` (the built-in
+    quadratic-64k model when None)."""
+    return (cost if cost is not None else _DEFAULT_COST).shard_costs(lengths, cp)
 
 
 def choose_owners(lengths: np.ndarray, cp: int, cost: Optional[CostModel] = None,

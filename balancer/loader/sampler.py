@@ -29,7 +29,7 @@ from torch.utils.data import Sampler
 
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from ..planning.planner import Items, Plan, plan_epoch
+from ..planning.plan import Items, Plan
 from ..samples import SampleTable
 
 STATE_VERSION = 1
@@ -178,6 +178,7 @@ class PackedBatchSampler(Sampler):
         else:
             known = max(e for e in self._carry if e <= epoch)
             plan = None
+            from ..planning.planner import plan_epoch  # the planner (numba) only when planning here
             for e in range(known, epoch + 1):  # thread the carried tail up to this epoch
                 plan = plan_epoch(self.samples, self.cost, self.layout, self.config, e,
                                   self._carry[e])

@@ -30,7 +30,8 @@ from ..config import Layout, PlannerConfig
 from ..report.metrics import summarize
 from .cost import MMCostModel
 from .table import AUDIO, KINDS, MultimodalTable
-from ..planning.planner import Plan, build_plan, epoch_stream, merge_windows, plan_window
+from ..cost.blocks import microbatch_costs
+from ..planning.planner import Plan, plan_epoch
 from ..zigzag import cp_pad_unit
 from ..frozen import FROZEN
 
@@ -187,15 +188,12 @@ def plan_multimodal(table: MultimodalTable, cost: MMCostModel, layout: Layout,
     table, fit_stats = fit_capacity(table, cost, layout, mm)
     samples = table.to_sample_table()
     mf, mb = cost.table_media_costs(table)
-    stream = epoch_stream(samples, cost.llm, layout, config, epoch)
+    enc = None
     if mm.mode == "joint" and table.n_media:
+        # the planner balances each sample's encoder cost with its first piece (media go with
+        # the piece at offset 0, never cut); the plan's microbatch costs stay the LLM's
         enc = np.bincount(table.media_sample, weights=mf + mb, minlength=len(table))
-        first = stream.items.start == 0  # media go with the piece at offset 0 (never cut)
-        stream.costs = stream.costs + enc[stream.items.sample] * first
-    wins = stream.windows(config)
-    sp = merge_windows(plan_window(stream, layout, config, lo, hi, i == len(wins) - 1)
-                       for i, (lo, hi) in enumerate(wins))
-    plan = build_plan(samples, cost.llm, layout, config, epoch, stream, sp)
+    plan = plan_epoch(samples, cost.llm, layout, config, epoch, sample_extra_cost=enc)
     out = place_media(plan, table, mf, mb, mm)
     out.stats.update(fit_stats)
     out.stats["plan_seconds"] = time.perf_counter() - t0
@@ -209,9 +207,7 @@ def place_media(plan: Plan, table: MultimodalTable, mf: np.ndarray, mb: np.ndarr
     lay = plan.layout
     n_mb = plan.n_microbatches
     ent_mb = np.repeat(np.arange(n_mb, dtype=np.int64), np.diff(plan.mb_offsets))
-    mb_step = np.repeat(np.arange(plan.n_steps, dtype=np.int64), plan.step_mbs * lay.dp)
-    so = plan.step_offsets
-    mb_rank = (np.arange(n_mb) - so[mb_step]) // plan.step_mbs[mb_step] if n_mb else mb_step
+    mb_step, mb_rank = plan.mb_step, plan.mb_rank
     s = plan.entry_sample
     off = table.media_offsets
     cnt = np.where(np.asarray(plan.entry_start) == 0, off[s + 1] - off[s], 0)
@@ -268,13 +264,8 @@ def phase_metrics(mp: MMPlan, cost: MMCostModel) -> dict:
     enc_lb = np.maximum(enc.sum(1) / dp, max_item)
     fwd, bwd = cost.llm.doc_costs(plan.entry_length)
     cf, cb = cost.llm.microbatch_constant
-    starts = plan.mb_offsets[:-1]
-    mb_f = np.add.reduceat(fwd, starts) + cf
-    mb_b = np.add.reduceat(bwd, starts) + cb
-    so = plan.step_offsets
-    mb_step = np.repeat(np.arange(S), plan.step_mbs * dp)
-    mb_rank = (np.arange(plan.n_microbatches) - so[mb_step]) // np.repeat(plan.step_mbs,
-                                                                          plan.step_mbs * dp)
+    mb_f, mb_b = microbatch_costs(cost.llm, plan.entry_length, plan.mb_offsets)
+    mb_step, mb_rank = plan.mb_step, plan.mb_rank
     llm = np.zeros((S, dp))
     np.add.at(llm, (mb_step, mb_rank), mb_f + mb_b)
     if lay.pp > 1:

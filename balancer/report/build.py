@@ -100,8 +100,7 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
                              "samples": spstep.tolist()}
     # the step whose slowest rank is furthest above a perfectly shared, bubble-free step
     # (full steps only, a short final step is all bubble by construction)
-    step_total = np.bincount(np.repeat(np.arange(plan.n_steps), plan.step_mbs * plan.layout.dp),
-                             weights=mb_f + mb_b, minlength=plan.n_steps)
+    step_total = np.bincount(plan.mb_step, weights=mb_f + mb_b, minlength=plan.n_steps)
     inflation = step_time / np.maximum(step_total / (plan.layout.dp * plan.layout.pp), 1e-300)
     full = plan.step_mbs == plan.layout.microbatches
     worst = int(np.argmax(np.where(full, inflation, -np.inf) if full.any() else inflation))

@@ -18,6 +18,7 @@ import numpy as np
 
 from packing.pipeline import rank_step_times
 
+from ..cost import blocks
 from ..cost.model import CostModel
 from ..planning.planner import Plan
 from ..zigzag import cp_pad_unit, zigzag_attention  # noqa: F401 (metrics.zigzag_attention kept)
@@ -80,20 +81,17 @@ def step_metrics(plan: Plan, cost: CostModel) -> dict:
     lay = plan.layout
     fwd, bwd = cost.doc_costs(plan.entry_length)
     cf, cb = cost.microbatch_constant
-    starts = plan.mb_offsets[:-1]
-    mb_f = np.add.reduceat(fwd, starts) + cf
-    mb_b = np.add.reduceat(bwd, starts) + cb
+    mb_f, mb_b = microbatch_costs(plan, cost)
     mb_c = mb_f + mb_b
     doc_c = fwd + bwd
     so = plan.step_offsets
     steps = plan.n_steps
-    mb_step = np.repeat(np.arange(steps), plan.step_mbs * lay.dp)
+    mb_step, mb_rank = plan.mb_step, plan.mb_rank
     step_total = np.bincount(mb_step, weights=mb_c, minlength=steps)
     step_max_mb = np.maximum.reduceat(mb_c, so[:-1]) if steps else np.zeros(0)
     n_mb = plan.step_mbs * lay.dp
     mb_imb = step_max_mb * n_mb / step_total
     # per-rank sums and pipeline times
-    mb_rank = (np.arange(plan.n_microbatches) - so[mb_step]) // np.repeat(plan.step_mbs, n_mb)
     rank_sum = np.zeros((steps, lay.dp))
     np.add.at(rank_sum, (mb_step, mb_rank), mb_c)
     if lay.pp > 1:
@@ -170,12 +168,7 @@ def plan_summary(plan: Plan, cost: CostModel, lengths: np.ndarray) -> dict:
 
 def microbatch_costs(plan: Plan, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """Recomputed ``(forward, backward)`` cost of every microbatch, float64[M] each."""
-    if plan.n_microbatches == 0:
-        return np.zeros(0), np.zeros(0)
-    fwd, bwd = cost.doc_costs(plan.entry_length)
-    cf, cb = cost.microbatch_constant
-    starts = plan.mb_offsets[:-1]
-    return np.add.reduceat(fwd, starts) + cf, np.add.reduceat(bwd, starts) + cb
+    return blocks.microbatch_costs(cost, plan.entry_length, plan.mb_offsets)
 
 
 def prediction_error(plan: Plan, cost: CostModel, costs=None) -> float:
@@ -295,8 +288,7 @@ def pipeline_timeline(fwd, bwd, pp: int) -> dict:
 
 def _rank_groups(plan: Plan) -> np.ndarray:
     """Group id (step * dp + rank) of every microbatch, int64[M]."""
-    sizes = np.repeat(plan.step_mbs, plan.layout.dp)
-    return np.repeat(np.arange(sizes.shape[0]), sizes)
+    return plan.mb_step * plan.layout.dp + plan.mb_rank
 
 
 def pipeline_times(plan: Plan, cost: CostModel, order: str = "planned",

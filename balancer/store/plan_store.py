@@ -62,7 +62,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from ..config import Layout, PlannerConfig
-from ..planning.planner import Items, Plan
+from ..planning.plan import Items, Plan, microbatch_step_rank
 from ..zigzag import cp_pad_unit
 
 FORMAT_NAME = "balancer-plan"
@@ -449,10 +449,7 @@ def epoch_summary(n_entries: int, n_mbs: int, n_steps: int, tokens: int, n_left:
 
 def plan_arrays(plan: Plan) -> dict:
     """The stored arrays of a plan (derived ones included)."""
-    n_mb = plan.step_mbs * plan.layout.dp
-    mb_step = np.repeat(np.arange(plan.n_steps), n_mb)
-    first = plan.step_offsets[:-1]
-    mb_rank = (np.arange(plan.n_microbatches) - first[mb_step]) // np.repeat(plan.step_mbs, n_mb)
+    mb_step, mb_rank = plan.mb_step, plan.mb_rank
     return {"entry_sample": plan.entry_sample, "entry_start": plan.entry_start,
             "entry_length": plan.entry_length, "entry_delay": plan.entry_delay,
             "mb_offsets": plan.mb_offsets, "mb_step": mb_step, "mb_rank": mb_rank,
@@ -806,10 +803,7 @@ def _check_structure(a: dict, manifest: dict, epoch: int) -> None:
     elif s and int(a["mb_step"][-1]) != s - 1:
         bad = "mb_step does not end at the last step"
     else:
-        n_mb = np.asarray(a["step_mbs"], np.int64) * dp
-        step = np.repeat(np.arange(s), n_mb)
-        first = np.concatenate([[0], np.cumsum(n_mb)[:-1]]).astype(np.int64)
-        rank = (np.arange(m) - first[step]) // np.repeat(np.asarray(a["step_mbs"]), n_mb)
+        step, rank = microbatch_step_rank(a["step_mbs"], dp)
         if not np.array_equal(a["mb_step"], step) or not np.array_equal(a["mb_rank"], rank):
             k = int(np.flatnonzero((a["mb_step"] != step) | (a["mb_rank"] != rank))[0])
             bad = (f"microbatch {k} is stored as step {int(a['mb_step'][k])} rank "

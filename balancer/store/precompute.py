@@ -24,9 +24,11 @@ import numpy as np
 from . import plan_store as store
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from ..planning.planner import EpochStream, Items, epoch_order, make_items, padded_sizes, plan_window
+from ..cost.blocks import microbatch_costs
+from ..planning.plan import Items, microbatch_step_rank
+from ..planning.planner import plan_window
+from ..planning.stream import EpochWindows  # noqa: F401 (precompute.EpochWindows: the old home)
 from ..samples import SampleTable
-from ..zigzag import cp_pad_unit
 
 
 @dataclass
@@ -53,92 +55,14 @@ class PlanPart:
                 "over_bound": int((d > self.max_delay_bound).sum())}
 
 
-class EpochWindows:
-    """An epoch's item stream (``planner.epoch_stream``), produced window by window.
-
-    Items are the carried-in ones, then every sample in epoch order, over-long ones cut into
-    pieces (``over_length='chunk'``). Only the order (int64[n]) and the positions of the
-    over-long samples are held; ``items(lo, hi)`` rebuilds any item range with
-    ``planner.make_items`` on the few samples that cover it."""
-
-    def __init__(self, lengths: np.ndarray, layout: Layout, config: PlannerConfig, epoch: int,
-                 carry_in: Optional[Items] = None, block: int = 1 << 20):
-        self.lengths, self.layout, self.config = lengths, layout, config
-        n = lengths.shape[0]
-        self.order = epoch_order(n, config.seed, epoch, config.shuffle)
-        unit = cp_pad_unit(layout.cp)
-        self.max_piece = (layout.capacity // unit) * unit
-        make_items(self.order[:0], lengths, layout.capacity, layout.cp, config.over_length)
-        tl = [lo + np.flatnonzero(lengths[self.order[lo:lo + block]] > self.max_piece)
-              for lo in range(0, n, block)]
-        self.tl_pos = np.concatenate(tl) if tl else np.zeros(0, np.int64)
-        if self.tl_pos.size:  # raises the planner's own error under over_length='error'
-            p = int(self.tl_pos[0])
-            make_items(self.order[p:p + 1], lengths, layout.capacity, layout.cp,
-                       config.over_length)
-        extra = -(-lengths[self.order[self.tl_pos]] // self.max_piece) - 1
-        self.extra_before = np.concatenate([[0], np.cumsum(extra)]).astype(np.int64)
-        self.carry = carry_in if carry_in is not None and len(carry_in) else None
-        self.n_carry = 0 if self.carry is None else len(self.carry)
-        self.n_items = self.n_carry + n + int(self.extra_before[-1])
-        self.stats = {"samples_chunked": int(self.tl_pos.size),
-                      "pieces_added": int(self.extra_before[-1]), "carried_in": self.n_carry}
-        k, w = self.n_items, config.window_samples or self.n_items
-        self.windows = [(lo, min(lo + w, k)) for lo in range(0, k, w)] or [(0, 0)]
-
-    def _start(self, p: int) -> int:
-        """Index (after the carried-in items) of the first item of order position ``p``."""
-        return p + int(self.extra_before[np.searchsorted(self.tl_pos, p, side="left")])
-
-    def _position(self, k: int) -> int:
-        """The last order position whose first item is at or before item ``k``."""
-        lo, hi = 0, self.lengths.shape[0]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self._start(mid) <= k:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def items(self, lo: int, hi: int) -> Items:
-        parts = []
-        if lo < self.n_carry:
-            c, e = self.carry, min(hi, self.n_carry)
-            parts.append(Items(c.sample[lo:e], c.start[lo:e], c.length[lo:e]))
-        k0, k1 = max(lo, self.n_carry) - self.n_carry, hi - self.n_carry
-        if k1 > k0:
-            p0 = self._position(k0)
-            p1 = self._position(k1 - 1) + 1
-            it, _ = make_items(self.order[p0:p1], self.lengths, self.layout.capacity,
-                               self.layout.cp, self.config.over_length)
-            if lo == 0 and hi == self.n_items and it.sample.base is not self.order:
-                self.order = None  # a one-window epoch: the order is not needed again
-            s = k0 - self._start(p0)
-            parts.append(Items(it.sample[s:s + k1 - k0], it.start[s:s + k1 - k0],
-                               it.length[s:s + k1 - k0]))
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return Items(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return Items(*(np.concatenate([getattr(p, f) for p in parts])
-                       for f in ("sample", "start", "length")))
-
-
 def plan_part(ew: EpochWindows, cost: CostModel, i: int) -> PlanPart:
     """Plan window ``i`` of the epoch exactly as ``plan_epoch`` does (same sizes, costs, budget
     and ``plan_window`` call). Microbatch costs are left for :func:`part_slices`, which knows
     where the window's entries sit in the epoch."""
     layout, config = ew.layout, ew.config
     lo, hi = ew.windows[i]
-    items = ew.items(lo, hi)
-    if config.global_batch_samples is not None:
-        budget, weights = int(config.global_batch_samples), np.ones(len(items), np.int64)
-    else:
-        budget = int(config.global_batch_tokens or layout.dp * layout.microbatches * layout.capacity)
-        weights = None
-    stream = EpochStream(items, padded_sizes(items.length, layout.cp), None, None, budget,
-                         weights, {}, costs=cost.doc_total(items.length))
+    stream = ew.stream(cost, lo, hi)
+    items = stream.items
     sp = plan_window(stream, layout, config, 0, len(items), i == len(ew.windows) - 1)
     del stream  # gather the plan's columns one at a time, releasing what is no longer needed
     e, left = sp.entry_item, sp.leftover
@@ -151,27 +75,16 @@ def plan_part(ew: EpochWindows, cost: CostModel, i: int) -> PlanPart:
                     config.max_delay)
 
 
-def window_mb_costs(cost: CostModel, entry_length: np.ndarray, mb_sizes: np.ndarray,
-                    base: int) -> tuple[np.ndarray, np.ndarray]:
-    """``planner.microbatch_costs`` for the microbatches of one window: every microbatch is the
-    sum of its own documents in order, so the window's slice equals the whole-epoch result bit
-    for bit wherever the window starts (``base`` is kept for the call signature)."""
-    from ..planning import planner
-    offsets = np.zeros(mb_sizes.shape[0] + 1, dtype=np.int64)
-    np.cumsum(mb_sizes, out=offsets[1:])
-    return planner.microbatch_costs(cost, entry_length, offsets)
-
-
 def part_slices(part: PlanPart, base: dict, dp: int, cost: CostModel) -> dict:
     """name -> (element offset, array) of a window's slice of every stored array, given the
     entries/mbs/steps/leftover of the windows before it (``base``)."""
-    n_mb = part.step_mbs * dp
-    local_step = np.repeat(np.arange(part.step_mbs.shape[0]), n_mb)
-    first = np.concatenate([[0], np.cumsum(n_mb)[:-1]]).astype(np.int64)
-    rank = (np.arange(part.mb_sizes.shape[0]) - first[local_step]) // \
-        np.repeat(part.step_mbs, n_mb)
+    local_step, rank = microbatch_step_rank(part.step_mbs, dp)
     e, m, s, l_ = base["entries"], base["mbs"], base["steps"], base["leftover"]
-    mb_fwd, mb_bwd = window_mb_costs(cost, part.entry_length, part.mb_sizes, e)
+    # every microbatch is the sum of its own documents in order: the window's slice equals the
+    # whole-epoch result bit for bit wherever the window starts
+    offsets = np.zeros(part.mb_sizes.shape[0] + 1, dtype=np.int64)
+    np.cumsum(part.mb_sizes, out=offsets[1:])
+    mb_fwd, mb_bwd = microbatch_costs(cost, part.entry_length, offsets)
     return {"entry_sample": (e, part.entry_sample), "entry_start": (e, part.entry_start),
             "entry_length": (e, part.entry_length), "entry_delay": (e, part.entry_delay),
             "mb_offsets": (m + 1, e + np.cumsum(part.mb_sizes)),

@@ -1,0 +1,53 @@
+"""The one multi-process harness of the tests: ``world`` spawned processes in a torch.distributed
+gloo group (``file://`` rendezvous in the test's tmp_path), each running
+``fn(rank, world, out_dir, *args)``; a hang fails after :data:`TIMEOUT_S` and kills the ranks."""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 420  # generous: CI machines are shared; a hang still fails
+
+
+def run_ranks(fn, world: int, tmp_path, *args, timeout_s: float = TIMEOUT_S):
+    """Spawn ``world`` processes running ``fn(rank, world, out_dir, *args)`` in one gloo
+    group; fail (killing them) after ``timeout_s``. ``fn`` must be importable (module level)."""
+    warm_numba_cache()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    ctx = mp.start_processes(_entry, args=(fn, world, init, str(tmp_path), timeout_s) + args,
+                             nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} ranks did not finish in {timeout_s}s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+
+
+def warm_numba_cache():
+    """Compile (or load) the planner's kernels once in the parent, so the ranks load them from
+    the disk cache instead of compiling concurrently."""
+    from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch
+    plan_epoch(SampleTable(np.arange(1, 65)), CostModel.quadratic(65536),
+               Layout(dp=2, microbatches=2, capacity=128), PlannerConfig(over_length="chunk"))
+
+
+def _entry(rank, fn, world, init, out, timeout_s, *args):
+    # the spawned rank inherits the parent's sys.path (pytest's pythonpath = ["."])
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s // 2))
+    try:
+        fn(rank, world, out, *args)
+    finally:
+        dist.destroy_process_group()
