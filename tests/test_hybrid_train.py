@@ -15,7 +15,7 @@ from balancer.config import Layout
 from balancer.cp_cost import CPCostModel
 from balancer.hybrid_loader import HybridBatchSampler, HybridCollator
 from balancer.samples import SampleTable
-from tests.test_distributed import run_ranks
+from tests.common.gloo import run_ranks
 from tools.tiny_lm import TinyLM
 from tools.train_cp import loss_sum, make_groups, round_forward
 

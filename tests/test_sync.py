@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 from balancer import Layout, PlannerConfig, SampleTable, plan_epoch, workloads
 from balancer.integrations.sync import lockstep_imbalance, rank_sum_imbalance, sync_for
 from balancer.strategies import rank_units
-from tests.test_planner import COST, STRATEGIES, _plan_or_carry, assert_valid
+from tests.planning.test_planner import COST, STRATEGIES, _plan_or_carry, assert_valid
 
 SYNCS = ("step", "microbatch")
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import packing
-from tests import naive
+from tests.naive import core as naive
 
 sizes_st = st.lists(st.integers(1, 100), min_size=0, max_size=200)
 

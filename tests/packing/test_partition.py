@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import packing
-from tests import naive
+from tests.naive import core as naive
 
 
 def _groups(draw_n, m):

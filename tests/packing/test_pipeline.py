@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from packing.pipeline import rank_step_times, simulate_1f1b
-from tests import naive
+from tests.naive import core as naive
 
 
 def test_equal_microbatches_closed_form():

@@ -14,7 +14,7 @@ import pytest
 
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epochs, store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLAN_FIELDS = ("entry_sample", "entry_start", "entry_length", "entry_delay", "mb_offsets",
                "step_mbs", "mb_fwd", "mb_bwd")
 

@@ -9,7 +9,7 @@ from balancer import CostModel, Layout, PassCost, PlannerConfig, SampleTable, pl
 from balancer import metrics, strategies
 from balancer.planner import Items, Plan
 from packing.pipeline import simulate_1f1b
-from tests import naive
+from tests.naive import core as naive
 
 STRATEGIES = strategies.names()  # every registered strategy
 # forward L + L^2/64K, backward twice that, in "seconds" so GPU-seconds are defined

@@ -3,7 +3,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from packing.stream import plan_balanced
-from tests import naive_balanced
+from tests.naive import balanced as naive_balanced
 
 
 @st.composite
@@ -59,7 +59,7 @@ def test_kernel_equals_reference_on_real_lengths(wlbllm):
 @given(st.integers(1, 60), st.integers(1, 6), st.integers(1, 8), st.integers(0, 2**16))
 def test_outlier_scheduler_matches_reference(k, horizon, units, seed):
     from packing.delay import schedule_lumps
-    from tests import naive
+    from tests.naive import core as naive
     rng = np.random.default_rng(seed)
     exc = np.round(rng.random(k) * 100, 1)  # ties on purpose
     size = rng.integers(1, 50, k)

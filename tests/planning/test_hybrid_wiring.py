@@ -17,7 +17,7 @@ from balancer.planner import epoch_order, plan_epoch
 from balancer.samples import SampleTable
 from packing.hybrid_cp import check_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():

@@ -13,7 +13,7 @@ from balancer.cp_cost import CPCostModel, CPHardware
 from balancer.hybrid import (cut_documents, estimate, plan_fixed_cp, plan_hybrid,
                              plan_hybrid_stream, plan_megatron_hybrid, plan_stream)
 from packing.hybrid_cp import check_plan, plan_batch
-from tests import naive_hybrid_cp as ref
+from tests.naive import hybrid_cp as ref
 
 SPEC = ModelSpec(hidden=256, layers=4, heads=4, kv_heads=2, ffn=688, vocab=1000)
 

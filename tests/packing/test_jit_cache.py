@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SNIPPET = ("import warnings, packing; warnings.simplefilter('always'); packing.warmup(); "
            "print('cache', packing.CACHE_ENABLED); "
            "print(packing.first_fit_decreasing([3, 2, 2], 4)[1])")

@@ -10,7 +10,7 @@ import pytest
 from balancer import load_cost_model, mm_cost, mm_workloads, resources, workloads
 from balancer.cost import available_presets
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _yaml_files(d: Path) -> set[str]:

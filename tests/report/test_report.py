@@ -11,7 +11,7 @@ from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_e
 from balancer import report as R
 from balancer.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = {"mean", "p50", "p90", "p99", "max"}
 STABLE = {"plan_seconds": float, "steps": int, "samples_planned": int, "samples_lost": int,
           "samples_duplicated": int, "packing_efficiency": float,
