@@ -328,10 +328,11 @@ def _fraction(steps) -> float:
 def _warm_numba_cache(args) -> None:
     """Compile (or load) the strategy's kernels once in the parent, so the ranks load them from
     numba's disk cache instead of all compiling at once."""
-    from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
-    plan_epoch(SampleTable(np.arange(1, 65)), load_cost_model(args.cost_model),
-               Layout(dp=args.world, microbatches=args.microbatches, capacity=128),
-               PlannerConfig(strategy=args.strategy, over_length="chunk"))
+    from balancer import Layout, PlannerConfig, load_cost_model
+    from balancer.planning.warmup import warmup  # the package's one warm-up
+    warmup([args.strategy], load_cost_model(args.cost_model),
+           Layout(dp=args.world, microbatches=args.microbatches, capacity=128),
+           PlannerConfig(strategy=args.strategy, over_length="chunk"))
 
 
 def _read_records(path: str):

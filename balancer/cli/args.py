@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import typing
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import ValidationError
@@ -27,6 +29,27 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
 DEFAULT_STRATEGIES = tuple(strategies.names())
 
 
+def flag_type(annotation) -> dict:
+    """argparse kwargs for a pydantic field annotation (int, float, str, bool, Literal,
+    Optional of these)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in args if a is not type(None))
+        args = typing.get_args(annotation)
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(annotation) is Literal:
+        return {"choices": args}
+    return {"type": annotation if annotation in (int, float, str) else str}
+
+
+def config_flag(g, model, field: str, help: str) -> None:
+    """``--field-name``: type or choices and default from the config model's field, so a flag
+    and the field it sets cannot drift apart (the flag's name is ``FLAGS[field]``)."""
+    info = model.model_fields[field]
+    g.add_argument(FLAGS[field], default=info.default, help=help, **flag_type(info.annotation))
+
+
 def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | None = None) -> None:
     g = p.add_argument_group("workload and layout")
     g.add_argument("--lengths", default=default_workload,
@@ -35,26 +58,25 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
     g.add_argument("--samples", type=int, default=None,
                    help="resample (seeded, with replacement) to this many samples")
     g.add_argument("--capacity", type=int, default=None, help="tokens per microbatch")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel ranks")
-    g.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    g.add_argument("--cp", type=int, default=1, help="context-parallel ranks")
-    g.add_argument("--microbatches", type=int, default=1, help="microbatches per DP rank per step")
-    g.add_argument("--global-batch-tokens", type=int, default=None,
-                   help="tokens per step (default dp x microbatches x capacity)")
-    g.add_argument("--global-batch-samples", type=int, default=None,
-                   help="samples per step instead of a token budget")
+    config_flag(g, Layout, "dp", "data-parallel ranks")
+    config_flag(g, Layout, "pp", "pipeline stages")
+    config_flag(g, Layout, "cp", "context-parallel ranks")
+    config_flag(g, Layout, "microbatches", "microbatches per DP rank per step")
+    config_flag(g, PlannerConfig, "global_batch_tokens",
+                "tokens per step (default dp x microbatches x capacity)")
+    config_flag(g, PlannerConfig, "global_batch_samples",
+                "samples per step instead of a token budget")
     g.add_argument("--cost-model", default="quadratic-64k",
                    help="built-in name (quadratic-64k), preset in configs/models, or a YAML file")
-    g.add_argument("--over-length", choices=("error", "chunk"), default="error",
-                   help="samples longer than the capacity: raise, or cut into pieces")
-    g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
-    g.add_argument("--max-advance", type=int, default=None,
-                   help="most steps a heavy sample may be read early (default: 3 x --max-delay)")
-    g.add_argument("--tail", choices=("partial", "carry", "drop"), default="partial",
-                   help="samples left at the end of an epoch")
+    config_flag(g, PlannerConfig, "over_length",
+                "samples longer than the capacity: raise, or cut into pieces")
+    config_flag(g, PlannerConfig, "max_delay", "most steps a sample may wait")
+    config_flag(g, PlannerConfig, "max_advance",
+                "most steps a heavy sample may be read early (default: 3 x --max-delay)")
+    config_flag(g, PlannerConfig, "tail", "samples left at the end of an epoch")
     g.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help=f"comma-separated strategy names ({', '.join(strategies.names())})")
-    g.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    config_flag(g, PlannerConfig, "seed", "shuffle seed")
 
 
 def parse_strategies(text: str) -> list[str]:

@@ -15,9 +15,8 @@ import json
 import os
 import sys
 import time
-import typing
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -57,18 +56,7 @@ _PLANNER = set(PlannerConfig.model_fields)
 _RUN_ONLY = {"config", "strategies", "overwrite", "progress", "_run"}
 
 
-def _flag_type(annotation):
-    """argparse kwargs for a pydantic field annotation (int, float, str, bool, Literal,
-    Optional of these)."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Union:
-        annotation = next(a for a in args if a is not type(None))
-        args = typing.get_args(annotation)
-    if annotation is bool:
-        return {"action": argparse.BooleanOptionalAction}
-    if typing.get_origin(annotation) is Literal:
-        return {"choices": args}
-    return {"type": annotation if annotation in (int, float, str) else str}
+_flag_type = cli_args.flag_type  # one derivation of flags from config fields
 
 
 def _precompute_args(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,6 @@ import datetime
 import os
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -36,9 +35,10 @@ def run_ranks(fn, world: int, tmp_path, *args, timeout_s: float = TIMEOUT_S):
 def warm_numba_cache():
     """Compile (or load) the planner's kernels once in the parent, so the ranks load them from
     the disk cache instead of compiling concurrently."""
-    from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch
-    plan_epoch(SampleTable(np.arange(1, 65)), CostModel.quadratic(65536),
-               Layout(dp=2, microbatches=2, capacity=128), PlannerConfig(over_length="chunk"))
+    from balancer import CostModel, Layout, PlannerConfig
+    from balancer.planning.warmup import warmup  # the package's one warm-up
+    warmup(["balanced"], CostModel.quadratic(65536), Layout(dp=2, microbatches=2, capacity=128),
+           PlannerConfig(over_length="chunk"))
 
 
 def _entry(rank, fn, world, init, out, timeout_s, *args):

@@ -3,9 +3,7 @@ worker processes, with 2 torch.distributed (gloo) ranks, across planner block bo
 window item stream equals the planner's; the command line merges configs and flags."""
 from __future__ import annotations
 
-import datetime
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from balancer.cli import main
 from balancer.precompute import EpochWindows, precompute
 
 from test_store import assert_same_plan
+from tests.common.gloo import run_ranks
 
 COST = load_cost_model("quadratic-64k")
 
@@ -110,35 +109,16 @@ def test_over_length_error_is_the_planners(tmp_path):
 
 
 # ---- torch.distributed ----------------------------------------------------------------------
-def _rank_main(rank, world, init, out, lengths, q):
-    import torch.distributed as dist
-    try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120))
-        layout, config = CASES["balanced-chunk-carry-cp2"]
-        precompute(SampleTable(lengths), COST, layout, config, out, epochs=2)
-        dist.destroy_process_group()
-        q.put((rank, "ok"))
-    except BaseException as e:  # report, never hang the parent
-        q.put((rank, f"{type(e).__name__}: {e}"))
+def _rank_main(rank, world, out_dir, lengths):
+    layout, config = CASES["balanced-chunk-carry-cp2"]
+    precompute(SampleTable(lengths), COST, layout, config, str(Path(out_dir) / "plan"), epochs=2)
+    (Path(out_dir) / f"rank{rank}.ok").write_text("ok")
 
 
 def test_distributed_two_gloo_ranks_equal_plan_epochs(samples, tmp_path):
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
+    run_ranks(_rank_main, 2, tmp_path, samples.lengths, timeout_s=240)  # a failing rank raises
     out = tmp_path / "plan"
-    procs = [ctx.Process(target=_rank_main, args=(r, 2, init, str(out), samples.lengths, q))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(q.get(timeout=240) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    results = {r: (tmp_path / f"rank{r}.ok").read_text() for r in range(2)}
     assert results == {0: "ok", 1: "ok"}
     layout, config = CASES["balanced-chunk-carry-cp2"]
     m = store.load_manifest(out)
