@@ -366,8 +366,7 @@ def padding_waste(plan: Plan) -> dict:
 
 
 def _entry_steps(plan: Plan) -> np.ndarray:
-    mb_step = np.repeat(np.arange(plan.n_steps), plan.step_mbs * plan.layout.dp)
-    return np.repeat(mb_step, np.diff(plan.mb_offsets))
+    return np.repeat(plan.mb_step, np.diff(plan.mb_offsets))
 
 
 def samples_per_step(plan: Plan) -> np.ndarray:
