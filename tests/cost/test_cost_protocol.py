@@ -84,7 +84,7 @@ def test_shard_costs_are_the_zigzag_split_of_the_formula(lengths, cp, recompute)
     assert np.allclose(sharded, 2 * a[:, None] * zigzag_attention(L, cp)
                        + (lin / L * pad / cp)[:, None], rtol=1e-12)
     w1, s1 = c.shard_costs(L, 1)
-    assert np.array_equal(s1[:, 0], w1)
+    assert np.allclose(s1[:, 0], w1, rtol=1e-12)  # one rank holds the whole document
 
 
 @settings(max_examples=40, deadline=None)
