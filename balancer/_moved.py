@@ -80,19 +80,19 @@ def install() -> None:
         sys.meta_path.insert(0, _AliasFinder())
 
 
-def forward(package: str, module: str):
+def forward(package: str, *modules: str):
     """A module ``__getattr__`` for ``package`` (an old module path that is now a package):
-    an attribute it lacks is looked up on ``module``, imported on first use (so importing one
-    submodule of the package does not import the rest)."""
+    an attribute it lacks is looked up on ``modules`` in order, each imported on first use (so
+    importing one submodule of the package does not import the rest)."""
     def __getattr__(name: str):
         if name.startswith("__"):
             raise AttributeError(name)
         if importlib.util.find_spec(f"{package}.{name}") is not None:
             # a submodule of the package (``from balancer.report import metrics``) wins
             return importlib.import_module(f"{package}.{name}")
-        target = importlib.import_module(module)
-        try:
-            return getattr(target, name)
-        except AttributeError:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        for module in modules:
+            target = importlib.import_module(module)
+            if hasattr(target, name):
+                return getattr(target, name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
     return __getattr__

@@ -3,7 +3,7 @@ layouts) and the real length distributions.
 
 Both ship inside the package (``balancer/data/``, found with :mod:`importlib.resources`), so a
 wheel installed anywhere finds them. ``configs/`` at the repository root is the copy users read
-and copy from; ``tests/test_resources.py`` keeps the two identical. Lookup order for a preset
+and copy from; ``tests/base/test_resources.py`` keeps the two identical. Lookup order for a preset
 name: ``$BALANCER_CONFIG_DIR``, the checkout's ``configs/`` (when running from a clone, so a
 freshly calibrated preset is found), then the packaged copy.
 """

@@ -29,7 +29,7 @@ one member. The rank's batch:
 
 Summing ``token loss / step_loss_tokens`` over every rank and round of a step, and gradients
 over the pool, trains every token of every document exactly once per epoch
-(``tests/test_hybrid_loader.py`` proves it on 4 gloo ranks).
+(``tests/loader/test_hybrid_loader.py`` proves it on 4 gloo ranks).
 """
 from __future__ import annotations
 
