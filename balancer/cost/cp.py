@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
-from .model import CostModel, ModelSpec, load_cost_model, preset_path, read_yaml
+from .model import CostModel, ModelSpec, _part, load_cost_model, preset_path, read_yaml
 from ..zigzag import zigzag_attention
 from ..frozen import FROZEN, FROZEN_FINITE
 
