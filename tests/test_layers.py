@@ -5,6 +5,7 @@ every old module path resolves to the module that now holds it."""
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import subprocess
 import sys
@@ -156,6 +157,36 @@ def test_no_import_cycle():
         if v not in index:
             visit(v)
     assert not sccs, f"import cycles: {sccs}"
+
+
+def _unbound_names(tree: ast.Module) -> list[tuple[int, str]]:
+    """Names read anywhere in a module that nothing in it binds (nor builtins): a name lost when
+    code moved between modules (a coarse check: any binding anywhere in the file counts)."""
+    bound = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__package__",
+                                  "__path__", "__builtins__"}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            bound.update(n.names)
+        elif isinstance(n, ast.MatchAs) and n.name:
+            bound.add(n.name)
+    return [(n.lineno, n.id) for n in ast.walk(tree)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound]
+
+
+def test_no_name_lost_in_a_move():
+    bad = [f"{p.relative_to(ROOT)}:{line}: {name}" for p in MODULES.values()
+           for line, name in _unbound_names(ast.parse(p.read_text()))]
+    assert not bad, "names read but never defined or imported:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("old", sorted(_moved.MOVED))
