@@ -127,6 +127,6 @@ def test_store_keeps_sync(tmp_path):
     save_plan(step, tmp_path / "step")
     _, manifest = load_plan(tmp_path / "step")
     assert "sync" not in manifest["layout"]
-    with pytest.raises(ValueError, match="layout sync: plan has sync=None, the job has "
+    with pytest.raises(ValueError, match="layout sync: plan has sync=.step., the job has "
                                          "sync='microbatch'"):
         check_compatible(manifest, layout=lay)

@@ -171,9 +171,14 @@ def check_compatible(manifest: dict, *, layout=None, dataset_fingerprint: Option
     if layout is not None:
         want = layout.model_dump() if hasattr(layout, "model_dump") else dict(layout)
         have = manifest.get("layout", {})
-        for k, v in want.items():
-            if have.get(k) != v:
-                diffs.append(f"layout {k}: plan has {k}={have.get(k)!r}, the job has {k}={v!r}")
+        # both ways: a field left out of one side's dump at its default (``sync``, ``cp_mode``,
+        # ...) means the default there, so a plan made with another value is still refused
+        defaults = {k: f.default for k, f in type(layout).model_fields.items()} \
+            if hasattr(layout, "model_fields") else {}
+        for k in list(want) + [k for k in have if k not in want and k in defaults]:
+            v, h = want.get(k, defaults.get(k)), have.get(k, defaults.get(k))
+            if h != v:
+                diffs.append(f"layout {k}: plan has {k}={h!r}, the job has {k}={v!r}")
     ds = manifest.get("dataset", {})
     if dataset_fingerprint is not None and ds.get("fingerprint") != dataset_fingerprint:
         diffs.append(f"dataset fingerprint: plan has {ds.get('fingerprint')!r}, the job's "

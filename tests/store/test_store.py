@@ -463,3 +463,16 @@ def test_sampler_reads_a_plan_directory(tmp_path):
     with pytest.raises(ValueError, match="dp"):
         PackedBatchSampler(samples, layout=Layout(dp=4, microbatches=2, capacity=8192),
                            plan_dir=tmp_path / "plan", dp_rank=0)
+
+
+def test_check_compatible_names_a_layout_field_the_job_leaves_at_its_default(setup, saved):
+    # a plan made with sync="microbatch" must not load into a job at the default sync="step"
+    # (the default is left out of the job's dump, so a one-way comparison missed it)
+    layout = setup[2]
+    m = dict(store.load_manifest(saved))
+    m["layout"] = dict(m["layout"], sync="microbatch")
+    with pytest.raises(ValueError, match=r"layout sync: plan has sync='microbatch', the job has "
+                                         r"sync='step'"):
+        store.check_compatible(m, layout=layout)
+    m["layout"]["sync"] = "step"  # written out at its default: the same job
+    store.check_compatible(m, layout=layout)
