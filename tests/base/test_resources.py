@@ -26,7 +26,8 @@ def test_packaged_presets_equal_configs():
             f"{rel} differs between configs/ and balancer/data/configs/")
 
 
-# sha256 of the int32 bytes of the arrays published in shared/workloads
+# sha256 of the int32 bytes of the real length arrays as first published (the shipped .npz must
+# hold exactly those)
 REAL_SHA = {"wikipedia": ("db8342e4ec2c74b3", 1_000_000),
             "wlbllm": ("6fc115d4fbb53751", 99_519),
             "prolong": ("4111030c4176ebad", 77_932)}
