@@ -1,9 +1,11 @@
 """Plain numpy/Python version of the ``balanced`` planner, step for step the policy of the
-compiled ``packing.balanced`` kernel: the tests require both to give identical plans."""
+compiled ``packing.balanced`` kernel: the tests require both to give identical plans. It imports
+nothing from production code: the outlier scheduler and the step assembly are the plain ones of
+:mod:`tests.naive.core` and :mod:`tests.naive.steps`."""
 import numpy as np
 
-from packing.delay import schedule_lumps
-from packing.stream import _Builder, _check_common, _finish_tail, _pack_exact
+from tests.naive.core import schedule_lumps
+from tests.naive.steps import Steps, check_common, finish_tail, pack_exact
 
 
 def reference_cost_per_token(sizes, costs) -> float:
@@ -29,7 +31,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     deadline first, then scheduled lumps, then light items oldest first. Units are microbatches
     (``rank_units=False``; then spread over ranks by balanced equal-count partition) or whole DP
     ranks (``rank_units=True``, when only per-rank sums matter)."""
-    _check_common(sizes, dp, m, capacity, tail)
+    check_common(sizes, dp, m, capacity, tail)
     if max_delay < 1:
         raise ValueError(f"max_delay {max_delay} must be >= 1: an item that does not fit its "
                          "step's capacity moves to the next step")
@@ -43,7 +45,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     cumf = np.cumsum(np.where(is_lump, 0, w))
     horizon = max_delay + 1
     lump_budget = budget if weights is None and budget < dp * m * capacity else 1 << 62
-    builder = _Builder(n, dp)
+    builder = Steps(dp)
     taken = np.zeros(n, bool)
     pull = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # look-ahead lumps to read now, est
     pool = np.zeros(0, np.int64)
@@ -160,13 +162,13 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
                        np.where(is_lump[cand], 1, np.where(delay[cand_idx] > 0, 2, 3)))
         o = np.lexsort((-costs[cand], cls))
         cand, cand_idx = cand[o], cand_idx[o]
-        out, counts, idx, rest = _pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
-                                             True, pp)
+        out, counts, idx, rest = pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
+                                            True, pp)
         builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
         keep = np.ones(pool.shape[0], bool)
         keep[cand_idx[idx]] = False
         pool, arr = pool[keep], arr[keep]
         step += 1
-    leftover = _finish_tail(builder, pool, (step - arr).astype(np.int32), sizes, costs, dp, m,
-                            capacity, tail, rank_units, True, pp)
+    leftover = finish_tail(builder, pool, (step - arr).astype(np.int32), sizes, costs, dp, m,
+                           capacity, tail, rank_units, True, pp)
     return builder.finish(leftover)

@@ -160,3 +160,130 @@ def schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pena
             tk[t, k] += size[j]
             has[t] = True
     return out
+
+
+def kk_equal(costs, m):
+    """Balanced Karmarkar-Karp differencing, written plainly (verl's equal_size formulation).
+
+    Items sorted ascending are dealt m at a time into partial partitions (largest of the m in
+    set 0). Repeatedly the two partitions of largest spread (max set sum - min set sum; ties: the
+    partition made of later, larger items first) are merged, pairing the heaviest set of one with
+    the lightest of the other, and the merged sets are re-sorted by sum, descending (stable).
+    Sums are accumulated in merge order, as the kernel does, so equal sums tie the same way."""
+    import heapq
+    n = len(costs)
+    asc = sorted(range(n), key=lambda i: (costs[i], i))
+    n_states = n // m
+    parts = {}   # state -> list of [sum, members], sorted by sum descending
+    heap = []
+    for s in range(n_states):
+        chunk = asc[s * m:(s + 1) * m]
+        parts[s] = [[float(costs[i]), [i]] for i in reversed(chunk)]
+        heapq.heappush(heap, (-(parts[s][0][0] - parts[s][-1][0]), n_states - 1 - s))
+    while len(heap) > 1:
+        a = n_states - 1 - heapq.heappop(heap)[1]
+        b = n_states - 1 - heapq.heappop(heap)[1]
+        for x, y in zip(parts[a], reversed(parts.pop(b))):
+            x[0] += y[0]
+            x[1].extend(y[1])
+        parts[a].sort(key=lambda st: -st[0])  # list.sort is stable
+        heapq.heappush(heap, (-(parts[a][0][0] - parts[a][-1][0]), n_states - 1 - a))
+    (final,) = parts.values()
+    out = [0] * n
+    for g, (_, members) in enumerate(final):
+        for i in members:
+            out[i] = g
+    return np.array(out, dtype=np.int64)
+
+
+def refine_swaps(costs, group_of, m, max_rounds=None):
+    """Pairwise swaps out of the heaviest group, written plainly.
+
+    A round takes the heaviest group g (lowest id on ties) and the others from the lightest up
+    (stable), stopping at the first whose load is not below g's. For each member i of g (by id)
+    the partners tried are the two members of h whose cost is nearest ``c_i - gap / 2`` (the
+    last one below it and the first one at or above it, in (cost, id) order); a swap must move a
+    positive amount less than the gap and lower the larger of the two loads by more than a
+    relative 1e-12. The best swap with the first h that has one is made; no swap, no more rounds."""
+    import bisect
+    group_of = [int(g) for g in group_of]
+    rounds = 4 * m + 16 if max_rounds is None else max_rounds
+    loads = [0.0] * m
+    for i, g in enumerate(group_of):
+        loads[g] += costs[i]
+    for _ in range(rounds):
+        g = max(range(m), key=lambda h: (loads[h], -h))
+        members = [i for i, x in enumerate(group_of) if x == g]
+        swap = None
+        for h in [h for h in sorted(range(m), key=lambda h: (loads[h], h)) if h != g]:
+            gap = loads[g] - loads[h]
+            if gap <= 0.0:
+                break
+            partners = sorted((costs[j], j) for j, x in enumerate(group_of) if x == h)
+            keys = [c for c, _ in partners]
+            best = loads[g]
+            for i in members:
+                at = bisect.bisect_left(keys, costs[i] - gap / 2.0)
+                for c, j in partners[max(at - 1, 0):at + 1]:
+                    d = costs[i] - c
+                    if 0.0 < d < gap:
+                        worse = max(loads[g] - d, loads[h] + d)
+                        if worse < best - 1e-12 * abs(best):
+                            best, swap = worse, (i, j, h)
+            if swap:
+                break
+        if swap is None:
+            break
+        i, j, h = swap
+        d = costs[i] - costs[j]
+        group_of[i], group_of[j] = h, g
+        loads[g] -= d
+        loads[h] += d
+    return np.array(group_of, dtype=np.int64)
+
+
+def balanced_equal(costs, m):
+    """LPT and KK equal-count partitions, each refined by swaps; KK only when its largest group
+    load is strictly lower."""
+    def largest(groups):
+        loads = [0.0] * m
+        for i, g in enumerate(groups):
+            loads[g] += costs[i]
+        return max(loads)
+    a = refine_swaps(costs, lpt_equal(costs, m), m)
+    b = refine_swaps(costs, kk_equal(costs, m), m)
+    return b if largest(b) < largest(a) else a
+
+
+def pipeline_order(cost, pp, swap_limit=8):
+    """Run order of one rank's microbatches under 1F1B, written plainly: the "mountain"
+    (ascending costs at even ranks going up, odd ranks coming down), replaced by ascending, then
+    descending order when one simulates more than a relative 1e-12 shorter (forward 1, backward
+    2 per unit of cost); then, for at most ``swap_limit`` microbatches, pairwise swaps kept while
+    they shorten the schedule. Returns the microbatch index at each position."""
+    m = len(cost)
+    asc = sorted(range(m), key=lambda i: (cost[i], i))
+    order = asc[0::2] + asc[1::2][::-1]
+    if pp <= 1 or m < 3:
+        return np.array(order, dtype=np.int64)
+
+    def span(o):
+        return simulate_1f1b([cost[j] for j in o], [2.0 * cost[j] for j in o], pp)
+
+    best = span(order)
+    for alt in (asc, asc[::-1]):
+        v = span(alt)
+        if v < best * (1.0 - 1e-12):
+            best, order = v, list(alt)
+    if m <= swap_limit:
+        improved = True
+        while improved:
+            improved = False
+            for i, j in itertools.combinations(range(m), 2):
+                order[i], order[j] = order[j], order[i]
+                v = span(order)
+                if v < best * (1.0 - 1e-12):
+                    best, improved = v, True
+                else:
+                    order[i], order[j] = order[j], order[i]
+    return np.array(order, dtype=np.int64)

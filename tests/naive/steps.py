@@ -1,0 +1,266 @@
+"""Plain-Python step assembly for the whole-epoch references: the step packer, the placement of
+microbatches on ranks, the epoch's tail and the CSR plan, written from the documented policy of
+``packing.steppack`` and ``packing.stream`` (imports nothing from production code).
+
+Item ids index ``sizes`` (int64) and ``costs`` (float64); an order is a list of item ids.
+Every float sum is accumulated in the order the policy names, as the kernels do, so that plans
+are identical to the last bit, ties included.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from tests.naive import core
+
+TAILS = ("partial", "carry", "drop")
+
+
+class Plan(NamedTuple):
+    """The fields of ``packing.stream.StreamPlan``, in its order."""
+    entry_item: np.ndarray
+    entry_delay: np.ndarray
+    mb_offsets: np.ndarray
+    step_mbs: np.ndarray
+    leftover: np.ndarray
+
+
+class Steps:
+    """The plan being written: per step, its microbatches (lists of (item, delay))."""
+
+    def __init__(self, dp):
+        self.dp = dp
+        self.steps = []
+
+    def emit(self, items, counts, delays):
+        """``items`` grouped by microbatch in final order, ``counts`` items per microbatch."""
+        assert len(counts) % self.dp == 0 and min(counts) > 0
+        mbs, k = [], 0
+        for c in counts:
+            mbs.append([(int(items[k + q]), int(delays[k + q])) for q in range(c)])
+            k += c
+        self.steps.append(mbs)
+
+    @property
+    def step_mbs(self):
+        return [len(mbs) // self.dp for mbs in self.steps]
+
+    def pop(self):
+        """Take back the last step: its items and delays, in emitted order."""
+        entries = [e for mb in self.steps.pop() for e in mb]
+        return (np.array([i for i, _ in entries], dtype=np.int64),
+                np.array([d for _, d in entries], dtype=np.int32))
+
+    def finish(self, leftover):
+        mbs = [mb for step in self.steps for mb in step]
+        offsets = [0]
+        for mb in mbs:
+            offsets.append(offsets[-1] + len(mb))
+        return Plan(np.array([i for mb in mbs for i, _ in mb], dtype=np.int64),
+                    np.array([d for mb in mbs for _, d in mb], dtype=np.int32),
+                    np.array(offsets, dtype=np.int64), np.array(self.step_mbs, dtype=np.int64),
+                    np.asarray(leftover, dtype=np.int64))
+
+
+def check_common(sizes, dp, m, capacity, tail):
+    """The input checks every planner makes, with the same messages."""
+    if tail not in TAILS:
+        raise ValueError(f"tail policy {tail!r} is not one of {TAILS}")
+    if dp <= 0 or m <= 0:
+        raise ValueError(f"dp ({dp}) and microbatches ({m}) must be positive")
+    if len(sizes) < dp:
+        raise ValueError(f"{len(sizes)} samples cannot fill {dp} DP ranks: every rank needs at "
+                         f"least one sample per step")
+    top = max(sizes, default=0)
+    if top > capacity:
+        i = list(sizes).index(top)  # the first of the longest
+        raise ValueError(f"item {i}: size {int(top)} exceeds the capacity {capacity}")
+
+
+def _cheapest_unit(unit_cost, unit_room, s):
+    """The unit a step packer's segment tree returns: a depth-first walk over the units padded
+    to a power of two (padding: cost inf, no room), the subtree of the cheaper minimum first (the
+    left one on ties), skipping a subtree with no unit of room >= ``s`` or whose minimum is not
+    below the best found. So among feasible units of least cost the first one reached wins, which
+    is the lowest id unless a cheaper unit without room sits in the other subtree."""
+    width = 1
+    while width < len(unit_cost):
+        width *= 2
+    pad = width - len(unit_cost)
+    cost = list(unit_cost) + [math.inf] * pad
+    room = list(unit_room) + [-1] * pad
+    found = [math.inf, -1]
+
+    def visit(lo, hi):
+        if max(room[lo:hi]) < s or min(cost[lo:hi]) >= found[0]:
+            return
+        if hi - lo == 1:
+            found[:] = [cost[lo], lo]
+            return
+        mid = (lo + hi) // 2
+        halves = [(lo, mid), (mid, hi)]
+        if min(cost[lo:mid]) > min(cost[mid:hi]):
+            halves.reverse()
+        for a, b in halves:
+            visit(a, b)
+
+    visit(0, width)
+    return found[1]
+
+
+def pack_step(order, sizes, costs, n_units, bins_per_unit, capacity):
+    """LPT under a token capacity: each item of ``order`` to the cheapest unit with room
+    (:func:`_cheapest_unit`), inside it an empty bin first (lowest index), else the bin with the
+    least room that still fits (lowest index on ties); -1 when no unit has room. Returns
+    ``(bin_of, bin_tokens, bin_cost, bin_count)`` as lists."""
+    n_bins = n_units * bins_per_unit
+    tokens, bcost, count = [0] * n_bins, [0.0] * n_bins, [0] * n_bins
+    unit_cost, unit_room = [0.0] * n_units, [capacity] * n_units
+    bin_of = []
+    for i in order:
+        s = int(sizes[i])
+        u = _cheapest_unit(unit_cost, unit_room, s)
+        if u < 0:
+            bin_of.append(-1)
+            continue
+        mine = range(u * bins_per_unit, (u + 1) * bins_per_unit)
+        empty = [b for b in mine if count[b] == 0]
+        if empty:
+            b = empty[0]
+        else:
+            b = min((b for b in mine if capacity - tokens[b] >= s),
+                    key=lambda b: (capacity - tokens[b], b))
+        bin_of.append(b)
+        tokens[b] += s
+        bcost[b] += costs[i]
+        count[b] += 1
+        unit_cost[u] += costs[i]
+        unit_room[u] = capacity - min(tokens[q] for q in mine)
+    return bin_of, tokens, bcost, count
+
+
+def fill_empty_bins(bin_of, item_cost, count):
+    """Every bin left empty (by id) takes the cheapest item (first on ties) of a bin holding two
+    or more."""
+    for b in [b for b in range(len(count)) if count[b] == 0]:
+        donors = [k for k in range(len(bin_of)) if count[bin_of[k]] >= 2]
+        if not donors:
+            raise AssertionError(f"{len(bin_of)} items cannot fill {len(count)} microbatches")
+        k = min(donors, key=lambda k: (item_cost[k], k))
+        count[bin_of[k]] -= 1
+        bin_of[k] = b
+        count[b] += 1
+
+
+def bin_positions(bin_cost, dp, m, rank_units, balance, pp=1):
+    """Final position of every bin: ranks in order, a rank's bins by cost descending (id on
+    ties), then with ``balance`` and pp > 1 in the 1F1B order; bins of microbatch units go to
+    ranks by the balanced (``balance``) or LPT equal-count partition of their costs."""
+    n_bins = dp * m
+    if rank_units or dp == 1:
+        rank = [b // m for b in range(n_bins)]
+    elif balance:
+        rank = core.balanced_equal(bin_cost, dp).tolist()
+    else:
+        rank = core.lpt_equal(bin_cost, dp).tolist()
+    order = sorted(range(n_bins), key=lambda b: (rank[b], -bin_cost[b], b))
+    if balance and pp > 1:
+        for r in range(dp):
+            mine = order[r * m:(r + 1) * m]
+            run = core.pipeline_order([bin_cost[b] for b in mine], pp)
+            order[r * m:(r + 1) * m] = [mine[j] for j in run]
+    pos = [0] * n_bins
+    for p, b in enumerate(order):
+        pos[b] = p
+    return pos
+
+
+def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
+    """``items`` (priority order) into exactly dp*m microbatches. Returns (emitted items in final
+    order, items per microbatch, index into ``items`` of each emitted one, index of the ones that
+    did not fit)."""
+    n_units, bpu = (dp, m) if rank_units else (dp * m, 1)
+    bin_of, _, _, count = pack_step(items, sizes, costs, n_units, bpu, capacity)
+    placed = [k for k, b in enumerate(bin_of) if b >= 0]
+    rest = [k for k, b in enumerate(bin_of) if b < 0]
+    b_of = [bin_of[k] for k in placed]
+    fill_empty_bins(b_of, [costs[items[k]] for k in placed], count)
+    bin_cost = [0.0] * (dp * m)
+    for k, b in zip(placed, b_of):
+        bin_cost[b] += costs[items[k]]
+    pos = bin_positions(bin_cost, dp, m, rank_units, balance, pp)
+    final = sorted(range(len(placed)), key=lambda q: pos[b_of[q]])  # stable: placement order
+    counts = [0] * (dp * m)
+    for b in b_of:
+        counts[pos[b]] += 1
+    idx = np.array([placed[q] for q in final], dtype=np.int64)
+    return (np.asarray(items, dtype=np.int64)[idx], np.array(counts, dtype=np.int64), idx,
+            np.array(rest, dtype=np.int64))
+
+
+def pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
+    """The fewest microbatches per rank (from the token lower bound up to ``m_hi``) that take
+    all of ``items``; ``m_hi`` with what does not fit otherwise. Returns (mm, out, counts, idx,
+    rest)."""
+    tokens = sum(int(sizes[i]) for i in items)
+    for mm in range(max(1, min(-(-tokens // (dp * capacity)), m_hi)), m_hi):
+        got = pack_exact(items, sizes, costs, dp, mm, capacity, rank_units, balance, pp)
+        if len(got[3]) == 0:
+            return (mm,) + got
+    return (m_hi,) + pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp)
+
+
+def _by_delay_then_cost(pool, delay, costs):
+    """Pool order for the tail: longest waiting first, then costliest, then pool order."""
+    o = sorted(range(len(pool)), key=lambda k: (-delay[k], -costs[pool[k]], k))
+    return pool[o], delay[o]
+
+
+def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_units, balance,
+                pp=1):
+    """The items left when the stream is read: steps of the fewest microbatches per rank they
+    need (at most m); fewer items than ranks either re-plan the previous step with them (all in
+    it if they fit, else the dp cheapest held back for one more step of one microbatch per rank)
+    with tail='partial', or are returned as leftover."""
+    pool = np.asarray(pool, dtype=np.int64)
+    delay = np.asarray(delay, dtype=np.int32)
+    merges = 0
+    while len(pool):
+        mm = min(m, len(pool) // dp)
+        if mm > 0:
+            pool, delay = _by_delay_then_cost(pool, delay, costs)
+            _, out, counts, idx, rest = pack_fewest(pool, sizes, costs, dp, mm, capacity,
+                                                    rank_units, balance, pp)
+            steps.emit(out, counts, delay[idx])
+            pool, delay = pool[rest], delay[rest] + 1
+            continue
+        if tail != "partial":
+            return pool
+        if not steps.steps or merges > 4:
+            raise ValueError(f"{len(pool)} items cannot be spread over {dp} DP ranks: every rank "
+                             f"needs at least one item per step; use tail='carry' or 'drop'")
+        merges += 1
+        prev_m = steps.step_mbs[-1]
+        prev, prev_delay = steps.pop()
+        pool, delay = _by_delay_then_cost(np.concatenate([prev, pool]),
+                                          np.concatenate([prev_delay, delay]), costs)
+        out, counts, idx, rest = pack_exact(pool, sizes, costs, dp, prev_m, capacity, rank_units,
+                                            balance, pp)
+        if len(rest) == 0:
+            steps.emit(out, counts, delay[idx])
+            return np.zeros(0, np.int64)
+        held = sorted(range(len(pool)), key=lambda k: (costs[pool[k]], k))[:dp]
+        body = [k for k in range(len(pool)) if k not in held]
+        held = sorted(held)
+        m1 = min(prev_m, len(body) // dp)
+        if m1 == 0:
+            raise ValueError(f"the last {len(pool)} items fit neither one step of {dp} ranks x "
+                             f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
+        out, counts, idx, rest = pack_exact(pool[body], sizes, costs, dp, m1, capacity,
+                                            rank_units, balance, pp)
+        steps.emit(out, counts, delay[body][idx])
+        pool = np.concatenate([pool[body][rest], pool[held]])
+        delay = np.concatenate([delay[body][rest], delay[held]]) + 1
+    return np.zeros(0, np.int64)
