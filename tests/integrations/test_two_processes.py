@@ -1,17 +1,11 @@
-"""accelerate and the HF Trainer on 2 gloo processes (spawned as torchrun would start them, the
-group on a file:// rendezvous, timeouts): every token of every sample is trained exactly once per
-epoch, one optimizer step is one planned global batch, and the gradient of the first step equals
-the single-process reference (every document run alone, loss summed over both DP ranks divided by
-the plan's step token count)."""
-import datetime
+"""accelerate and the HF Trainer on 2 gloo processes (spawned as torchrun would start them by the
+suite's harness, tests/common/gloo.py: the group on a file:// rendezvous, timeouts): every token
+of every sample is trained exactly once per epoch, one optimizer step is one planned global batch,
+and the gradient of the first step equals the single-process reference (every document run alone,
+loss summed over both DP ranks divided by the plan's step token count)."""
 import json
-import os
-import sys
-import time
 from pathlib import Path
 
-import numpy as np
-import pytest
 import torch
 
 from integration_helpers import need  # noqa: E402
@@ -20,33 +14,20 @@ need("transformers")
 need("accelerate")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from integration_helpers import (coverage, max_grad_diff, reference_step_grads,  # noqa: E402
                                  tiny_llama, workload)
+from tests.common.gloo import run_ranks  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-TIMEOUT_S = 420
 WORLD = 2
 
 
-def _entry(rank, world, init, out):
-    sys.path[:0] = [str(ROOT), str(HERE)]
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
-    try:
-        res = {"accelerate": _accelerate_loop(rank), "trainer": _hf_trainer(rank, out)}
-        allr = [None] * world
-        dist.all_gather_object(allr, res)
-        if rank == 0:
-            (Path(out) / "result.json").write_text(json.dumps(allr))
-    finally:
-        dist.destroy_process_group()
+def _rank(rank, world, out):
+    res = {"accelerate": _accelerate_loop(rank), "trainer": _hf_trainer(rank, out)}
+    allr = [None] * world
+    dist.all_gather_object(allr, res)
+    if rank == 0:
+        (Path(out) / "result.json").write_text(json.dumps(allr))
 
 
 def _pieces(sample_ids, starts, lengths):
@@ -146,25 +127,9 @@ def _hf_trainer(rank, out):
             "n_steps": sampler.plan.n_steps, "pieces": by_epoch, "grads": grads}
 
 
-def _launch(tmp_path):
-    init = f"file://{tmp_path / 'rendezvous'}"
-    ctx = mp.start_processes(_entry, args=(WORLD, init, str(tmp_path)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{WORLD} ranks did not finish in {TIMEOUT_S}s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return json.loads((tmp_path / "result.json").read_text())
-
-
 def test_accelerate_and_trainer_two_processes(tmp_path):
-    sys.path.insert(0, str(HERE))
-    ranks = _launch(tmp_path)
+    run_ranks(_rank, WORLD, tmp_path, torchrun_env=True)
+    ranks = json.loads((tmp_path / "result.json").read_text())
     samples, cost, layout, config, ds = workload()
     ref = reference_step_grads(tiny_llama(), ds, samples, cost, layout, config, step=0)
     lengths = samples.lengths
