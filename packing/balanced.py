@@ -32,6 +32,26 @@ def _is_lump(i, sizes, costs, cpt, thr):
 
 
 @kernel
+def _grow_pool(pool, parr, now, ls, np_, nls):
+    """The pool arrays with room for one more item (doubled when full)."""
+    return (_grow(pool, np_ + 1), _grow(parr, np_ + 1), _grow(now, np_ + 1),
+            _grow(ls, nls + 1))
+
+
+@kernel
+def _pool_add(pool, parr, now, ls, np_, nls, i, arrival, going, lump):
+    """Put stream item ``i`` in pool slot ``np_`` (the arrays have room: :func:`_grow_pool`),
+    arrived at step ``arrival``; a lump's slot joins ``ls``. Returns the new lump count."""
+    pool[np_] = i
+    parr[np_] = arrival
+    now[np_] = going
+    if lump:
+        ls[nls] = np_
+        return nls + 1
+    return nls
+
+
+@kernel
 def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
     """Rank of every bin: consecutive for rank units, else the better of LPT and KK equal-count
     partitions of the bin costs, each refined by swaps."""
@@ -243,18 +263,15 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     if max_advance > 0 and taken[pos]:
                         pos += 1
                         continue
-                    pool = _grow(pool, np_ + 1)
-                    parr = _grow(parr, np_ + 1)
-                    pool[np_] = pos
-                    parr[np_] = step
-                    if not _is_lump(pos, sizes, costs, cpt, thr):
+                    if np_ >= pool.shape[0] or nls >= ls.shape[0]:
+                        pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_, nls)
+                    lump = _is_lump(pos, sizes, costs, cpt, thr)
+                    # ``now`` of a new lump is set by the next round's schedule before any read
+                    nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
+                    if not lump:
                         got += w[pos]
                         pos_cum += w[pos]
                         fluid_w += w[pos]
-                    else:
-                        ls = _grow(ls, nls + 1)
-                        ls[nls] = np_
-                        nls += 1
                     np_ += 1
                     pos += 1
                 continue
@@ -295,15 +312,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 i = pull[q]
                 if i >= pos and not taken[i]:
                     taken[i] = True
-                    pool = _grow(pool, np_ + 1)
-                    parr = _grow(parr, np_ + 1)
-                    now = _grow(now, np_ + 1)
-                    pool[np_] = i
-                    parr[np_] = step + pull_est[q]  # delay = -(steps read early)
-                    now[np_] = True
-                    ls = _grow(ls, nls + 1)
-                    ls[nls] = np_
-                    nls += 1
+                    if np_ >= pool.shape[0] or nls >= ls.shape[0]:
+                        pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_, nls)
+                    # delay = -(steps read early)
+                    nls = _pool_add(pool, parr, now, ls, np_, nls, i, step + pull_est[q], True,
+                                    True)
                     np_ += 1
         npull = 0
         # ---- at least one candidate per microbatch: a step whose budget holds fewer (heavy
@@ -318,17 +331,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 if max_advance > 0 and taken[pos]:
                     pos += 1
                     continue
-                pool = _grow(pool, np_ + 1)
-                parr = _grow(parr, np_ + 1)
-                now = _grow(now, np_ + 1)
-                pool[np_] = pos
-                parr[np_] = step
-                now[np_] = True
-                if _is_lump(pos, sizes, costs, cpt, thr):
-                    ls = _grow(ls, nls + 1)
-                    ls[nls] = np_
-                    nls += 1
-                else:
+                if np_ >= pool.shape[0] or nls >= ls.shape[0]:
+                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_, nls)
+                lump = _is_lump(pos, sizes, costs, cpt, thr)
+                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, True, lump)
+                if not lump:
                     pos_cum += w[pos]
                     fluid_w += w[pos]
                 np_ += 1

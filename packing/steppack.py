@@ -30,6 +30,16 @@ def _pull_up(tmin, tmax, node):
 def _cheapest_unit(tmin, tmax, p, s, stack):
     """Unit of minimum cost (lowest index on ties) having a bin with room >= s, or -1.
     ``stack`` is scratch space (int64[>= 2 * depth + 2])."""
+    # fast path, the common case: the cheapest unit overall has room. The search below visits
+    # the cheaper child first (the left one on ties), so its first leaf is this one, and every
+    # subtree it set aside costs at least as much and is pruned: the same answer, without the
+    # stack.
+    node = 1
+    while tmax[node] >= s:
+        if node >= p:
+            return node - p
+        l = 2 * node
+        node = l if tmin[l] <= tmin[l + 1] else l + 1
     top = 0
     stack[top] = 1
     top += 1
@@ -75,6 +85,7 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
         tmin[node] = min(tmin[l], tmin[l + 1])
         tmax[node] = max(tmax[l], tmax[l + 1])
     unit_cost = np.zeros(n_units)
+    used = np.zeros(n_units, dtype=np.int64)  # bins of the unit holding an item: its first ones
     stack = np.empty(130, dtype=np.int64)
     placed = 0
     for k in range(order.shape[0]):
@@ -86,11 +97,12 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
             continue
         base = u * bins_per_unit
         chosen = -1
-        for j in range(bins_per_unit):  # an empty bin first: every microbatch must get an item
-            if bin_count[base + j] == 0:
-                chosen = base + j
-                break
-        if chosen < 0:
+        # an empty bin first (every microbatch must get an item): bins are taken in order, so
+        # the first empty one follows the used ones
+        if used[u] < bins_per_unit:
+            chosen = base + used[u]
+            used[u] += 1
+        else:
             best_room = capacity + 1
             for j in range(bins_per_unit):
                 room = capacity - bin_tokens[base + j]
@@ -102,11 +114,14 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
         bin_cost[chosen] += costs[i]
         bin_count[chosen] += 1
         unit_cost[u] += costs[i]
-        mx = 0
-        for j in range(bins_per_unit):
-            room = capacity - bin_tokens[base + j]
-            if room > mx:
-                mx = room
+        if used[u] < bins_per_unit:
+            mx = capacity  # an empty bin is left
+        else:
+            mx = 0
+            for j in range(bins_per_unit):
+                room = capacity - bin_tokens[base + j]
+                if room > mx:
+                    mx = room
         tmin[p + u] = unit_cost[u]
         tmax[p + u] = mx
         _pull_up(tmin, tmax, (p + u) // 2)
