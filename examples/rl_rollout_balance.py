@@ -21,15 +21,12 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def rollout(rank: int, step: int, batch: int, prompt: int, response: int) -> dict:

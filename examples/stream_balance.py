@@ -27,13 +27,11 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: nothing to fetch
 
 

@@ -16,16 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools import train_cp  # noqa: E402
+from tools import train_cp
 
 
 def summarize(log: dict) -> dict:

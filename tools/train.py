@@ -41,9 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parent.parent
-
-from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum  # noqa: E402
+from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -274,7 +272,6 @@ class _null:
 
 
 def _rank_entry(rank: int, world: int, args: argparse.Namespace, init: str, out: str):
-    sys.path.insert(0, str(ROOT))
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:

@@ -37,11 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.tiny_lm import add_model_args, token_loss_sum  # noqa: E402
+from tools.tiny_lm import add_model_args, token_loss_sum
 
 
 # ---- context-parallel attention -------------------------------------------------------------
@@ -238,7 +234,6 @@ def train_rank(rank: int, world: int, args) -> list[dict]:
 
 
 def _rank_entry(rank, world, args, init, out):
-    sys.path.insert(0, str(ROOT))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))

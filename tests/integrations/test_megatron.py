@@ -5,23 +5,18 @@ and a Megatron-style masked token-sum loss over the padded batch equal to the un
 Transformer Engine needs CUDA, so its THD attention and ``thd_get_partitioned_indices`` are not
 run here: the partition is its documented order (``te_partition_index``), and attention over
 ``cu_seqlens_padded`` is the tiny varlen model of ``tools/tiny_lm.py``."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))
-
-from balancer import CostModel, cp_shard  # noqa: E402
-from balancer.adapters import packed_seq_params  # noqa: E402
-from balancer.collate import FetchedMicrobatch, PackedCollator  # noqa: E402
-from balancer.integrations.megatron import (PaddedCollator, megatron_batch,  # noqa: E402
+from balancer import CostModel, cp_shard
+from balancer.adapters import packed_seq_params
+from balancer.collate import FetchedMicrobatch, PackedCollator
+from balancer.integrations.megatron import (PaddedCollator, megatron_batch,
                                             te_partition_index)
-from balancer.sampler import MicrobatchRef  # noqa: E402
-from integration_helpers import need  # noqa: E402
+from balancer.sampler import MicrobatchRef
+from integration_helpers import need
 
 LENGTHS = [300, 7, 45, 1, 90, 18, 5, 64]
 KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "document_ids")
