@@ -40,10 +40,10 @@ from typing import Literal, Optional, Union
 
 import numpy as np
 
-from .. import strategies
 from ..config import Layout, PlannerConfig
 from ..cost import CostModel
 from ..planner import padded_sizes
+from ..strategies.registry import get as strategy_fn
 from .offers import I64, Offers, StepPlan
 
 Microbatches = Union[None, int, Literal["auto"]]
@@ -130,7 +130,7 @@ class StepPlanner:
             budget = int(config.global_batch_tokens or
                          layout.dp * layout.microbatches * layout.capacity)
             weights = None
-        sp = strategies.get(config.strategy)(sizes, self._costs if whole else self._costs[stream],
+        sp = strategy_fn(config.strategy)(sizes, self._costs if whole else self._costs[stream],
                                              layout, config, budget,
                                              weights)
         n_mb = layout.dp * (int(sp.step_mbs[0]) if sp.step_mbs.shape[0] else 0)
