@@ -12,6 +12,13 @@ timed apart).
 
     ./dev python tools/bench_hybrid.py [--models llama-7b,llama-70b] [--workloads prolong,longtail]
         [--ranks 64] [--rank-capacity 32768] [--rounds 4] [--batches N] [--json PATH]
+        [--planners hybrid,hybrid@c1,ls16,...] [--overlaps 1.0,0.5]
+
+Every planner row also carries ``tight_lower_bound_total``/``tight_lower_bound_ratio``
+(:func:`balancer.planning.hybrid.tight_lower_bound`: each document at its least area on a group
+it fits, forced exposed exchange included), and each cell ``lower_bound_vs_no_cut_fixed``,
+``tight_lower_bound_vs_no_cut_fixed`` and ``tight_lower_bound_vs_megatron``: what any planner
+can reach under this cost model.
 """
 from __future__ import annotations
 
@@ -55,14 +62,24 @@ def batches(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
+def hybrid_knobs(name: str) -> dict:
+    """``hybrid`` (the defaults) or ``hybrid@c<candidates>,ls<local_search>`` (a variant
+    of the planner's knobs, measured side by side)."""
+    if name == "hybrid":
+        return {}
+    c, ls = name.removeprefix("hybrid@").split(",")
+    return {"candidates": int(c.removeprefix("c")), "local_search": int(ls.removeprefix("ls"))}
+
+
 def run_planner(name, lengths, ranges, model, P, timing):
     plans, secs = [], []
     for a, b in ranges:
         docs = lengths[a:b]
-        if name == "hybrid":
+        if name == "hybrid" or name.startswith("hybrid@"):
             tab = model.table(docs, P)
+            kw = hybrid_knobs(name)
             t0 = time.perf_counter()
-            p = plan_batch(tab.time, tab.tokens, model.rank_capacity, P, lengths=docs)
+            p = plan_batch(tab.time, tab.tokens, model.rank_capacity, P, lengths=docs, **kw)
             secs.append(time.perf_counter() - t0)
         elif name == "megatron_hybrid":
             t0 = time.perf_counter()
@@ -116,6 +133,12 @@ def main(argv=None) -> int:
                     help="hybrid_stream: steps a tall document may wait / be read early")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--planners", default=None,
+                    help="comma list of planners (default: all; hybrid, megatron_hybrid and the "
+                         "no-cut fixed degree are always run: the ratios need them); "
+                         "hybrid@c<N>,ls<M> is the hybrid planner with candidates=N, "
+                         "local_search=M (e.g. 'hybrid@c1,ls16')")
+    ap.add_argument("--overlaps", default="1.0,0.5")
     args = ap.parse_args(argv)
     P, cap = args.ranks, args.rank_capacity
     budget = P * args.rounds * cap
@@ -132,7 +155,7 @@ def main(argv=None) -> int:
         used = lengths[:ranges[-1][1]]
         longest = int(used.max())
         for mname in args.models.split(","):
-            for overlap in (1.0, 0.5):
+            for overlap in [float(x) for x in args.overlaps.split(",")]:
                 hw = CPHardware(gpus_per_node=args.gpus_per_node, overlap=overlap)
                 model = CPCostModel.from_preset(mname, cap, hardware=hw)
                 t0 = time.perf_counter()
@@ -142,6 +165,13 @@ def main(argv=None) -> int:
                               if model.doc_limit(c) >= longest)
                 names = ["hybrid", "hybrid_stream", "megatron_hybrid"] + [
                     f"fixed_cp{c}" for c in (1 << np.arange(P.bit_length())).tolist()]
+                if args.planners:
+                    # the variant string 'hybrid@c1,ls16' holds a comma: split on ';' or on
+                    # commas outside such a variant
+                    asked = [x for x in args.planners.replace(",ls", ":ls").split(",") if x]
+                    asked = [x.replace(":ls", ",ls") for x in asked]
+                    must = ["hybrid", "megatron_hybrid", f"fixed_cp{no_cut}"]
+                    names = must + [x for x in asked if x not in must]
                 timing: dict = {}
                 rows = {}
                 for name in names:
@@ -171,6 +201,8 @@ def main(argv=None) -> int:
                         "est_step_time_total_async": e.step_time_async,
                         "lower_bound_total": e.lower_bound,
                         "lower_bound_ratio": e.step_time / e.lower_bound,
+                        "tight_lower_bound_total": e.tight_lower_bound,
+                        "tight_lower_bound_ratio": e.tight_ratio,
                         "exposed_comm_fraction": e.exposed_comm_fraction,
                         "rounds": plan.n_rounds,
                         "steps": plan.n_steps,
@@ -184,6 +216,8 @@ def main(argv=None) -> int:
                 meg = rows["megatron_hybrid"]["est_step_time_total"]
                 fixed = {n: r for n, r in rows.items() if n.startswith("fixed_cp")}
                 best_cut = min(fixed, key=lambda n: fixed[n]["est_step_time_total"])
+                nc = rows[f"fixed_cp{no_cut}"]["est_step_time_total"]
+                hrow = rows["hybrid"]
                 res = {"workload": wl, "model": mname, "overlap": overlap,
                        "batches": len(ranges), "documents": int(used.shape[0]),
                        "longest": longest, "no_cut_fixed": f"fixed_cp{no_cut}",
@@ -191,12 +225,17 @@ def main(argv=None) -> int:
                        "hybrid_vs_megatron": hy / meg,
                        "hybrid_vs_no_cut_fixed": hy / rows[f"fixed_cp{no_cut}"][
                            "est_step_time_total"],
-                       "hybrid_stream_vs_megatron": rows["hybrid_stream"][
-                           "est_step_time_total"] / meg,
-                       "hybrid_stream_vs_no_cut_fixed": rows["hybrid_stream"][
-                           "est_step_time_total"] / rows[f"fixed_cp{no_cut}"][
-                           "est_step_time_total"],
+                       # what ANY planner can reach under this cost model: a bound over the
+                       # no-cut fixed degree (and over Megatron) above a target ratio makes
+                       # that target unreachable
+                       "lower_bound_vs_no_cut_fixed": hrow["lower_bound_total"] / nc,
+                       "tight_lower_bound_vs_no_cut_fixed": hrow["tight_lower_bound_total"] / nc,
+                       "tight_lower_bound_vs_megatron": hrow["tight_lower_bound_total"] / meg,
                        "strategies": rows}
+                if "hybrid_stream" in rows:
+                    st_t = rows["hybrid_stream"]["est_step_time_total"]
+                    res["hybrid_stream_vs_megatron"] = st_t / meg
+                    res["hybrid_stream_vs_no_cut_fixed"] = st_t / nc
                 out["results"].append(res)
                 print_result(res)
     if args.json:
@@ -209,24 +248,31 @@ def print_result(res):
           f"{res['batches']} global batches, {res['documents']} documents, longest "
           f"{res['longest']}; no-cut fixed degree {res['no_cut_fixed']}, best fixed "
           f"{res['best_fixed']}")
-    print("| planner | cut | attn removed | step time (s) | / lower bound | no-barrier | "
-          "exposed comm | microbatches/rank/step | plan ms/batch (median, max) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| planner | cut | attn removed | step time (s) | / lower bound | / tight bound | "
+          "no-barrier | exposed comm | microbatches/rank/step | plan ms/batch (median, p90, "
+          "max) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n, r in res["strategies"].items():
         pm = r["plan_ms_per_batch"]
         mb = r["microbatches_per_rank_per_step"]
         print(f"| {n} | {r['documents_cut']} | {r['attention_removed']:.3f} | "
               f"{r['est_step_time_total']:.1f} | {r['lower_bound_ratio']:.3f} | "
+              f"{r['tight_lower_bound_ratio']:.3f} | "
               f"{r['est_step_time_total_async']:.1f} | {r['exposed_comm_fraction']:.3f} | "
-              f"{mb['min']}-{mb['max']} | {pm['median']:.2f}, {pm['max']:.2f} |")
+              f"{mb['min']}-{mb['max']} | {pm['median']:.2f}, {pm['p90']:.2f}, "
+              f"{pm['max']:.2f} |")
     st = res["strategies"]
+    sm = st.get("hybrid_stream", {})
     print(f"hybrid / megatron = {res['hybrid_vs_megatron']:.3f} (stream "
-          f"{res['hybrid_stream_vs_megatron']:.3f}); hybrid / no-cut fixed = "
+          f"{res.get('hybrid_stream_vs_megatron', float('nan')):.3f}); hybrid / no-cut fixed = "
           f"{res['hybrid_vs_no_cut_fixed']:.3f} (stream "
-          f"{res['hybrid_stream_vs_no_cut_fixed']:.3f}); best fixed {res['best_fixed']} removes "
+          f"{res.get('hybrid_stream_vs_no_cut_fixed', float('nan')):.3f}); bounds / no-cut "
+          f"fixed: old {res['lower_bound_vs_no_cut_fixed']:.3f}, tight "
+          f"{res['tight_lower_bound_vs_no_cut_fixed']:.3f}; tight bound / megatron "
+          f"{res['tight_lower_bound_vs_megatron']:.3f}; best fixed {res['best_fixed']} removes "
           f"{st[res['best_fixed']]['attention_removed']:.1%}"
-          f" of the attention; stream moved {st['hybrid_stream'].get('documents_moved', 0)} "
-          f"documents, delay {st['hybrid_stream'].get('delay_steps')}; cost table "
+          f" of the attention; stream moved {sm.get('documents_moved', 0)} "
+          f"documents, delay {sm.get('delay_steps')}; cost table "
           f"{res['table_ms_per_batch']:.2f} ms/batch")
 
 

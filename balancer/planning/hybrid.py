@@ -283,7 +283,10 @@ class HybridEstimate(NamedTuple):
     * ``exposed_comm_fraction``: exposed exchange over all busy time of all ranks;
     * ``documents_cut``; ``attention_removed``: the fraction of the documents' causal query-key
       pairs that cutting removed (0 without cuts);
-    * ``round_time`` float64[R]; ``compute``/``exposed`` float64[R, P]: per rank and round.
+    * ``round_time`` float64[R]; ``compute``/``exposed`` float64[R, P]: per rank and round;
+    * ``tight_lower_bound`` (and per step ``step_tight_bounds``): :func:`tight_lower_bound`, the
+      no-cut bound that charges each document its least area on any group it fits, forced
+      exposed exchange included (valid for the per-document exchange of this estimate).
     """
 
     step_time: float
@@ -298,10 +301,53 @@ class HybridEstimate(NamedTuple):
     step_times: np.ndarray
     step_times_async: np.ndarray
     step_lower_bounds: np.ndarray
+    tight_lower_bound: float = 0.0
+    step_tight_bounds: Optional[np.ndarray] = None
 
     @property
     def ratio(self) -> float:
         return self.step_time / self.lower_bound if self.lower_bound > 0 else 1.0
+
+    @property
+    def tight_ratio(self) -> float:
+        return self.step_time / self.tight_lower_bound if self.tight_lower_bound > 0 else 1.0
+
+
+def doc_bounds(table: CPCostTable, n_ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per document (float64[n] each): the least **area** (group size x per-rank time,
+    compute plus exposed exchange) and the least **per-rank time** over the group sizes it fits
+    (``tokens <= rank_capacity``). A document longer than one rank holds must run on a group
+    of at least ``ceil(L / rank_capacity)`` ranks (rounded up to a power of two) and so pays
+    that group's padding, small-shard attention and exposed exchange: no planner avoids them.
+    A document no group holds falls back to its whole work and whole time."""
+    feas = table.tokens <= table.rank_capacity
+    size = table.sizes[None, :].astype(np.float64)
+    area = np.where(feas, table.time * size, np.inf).min(axis=1)
+    fast = np.where(feas, table.time, np.inf).min(axis=1)
+    area = np.where(np.isfinite(area), area, table.work)
+    fast = np.where(np.isfinite(fast), fast, table.time[:, 0])
+    return area, fast
+
+
+def tight_lower_bound(table: CPCostTable, n_ranks: int, doc_step: np.ndarray,
+                      n_steps: int) -> np.ndarray:
+    """float64[S]: a lower bound on each step's time (barrier per round, per-document
+    exchange) of ANY plan that trains the documents of ``doc_step == s`` whole in step ``s``:
+    ``max(sum of their least areas / P, their largest least per-rank time + the round
+    constant)`` (:func:`doc_bounds`). Every rank-second of a step is some document's time on
+    some rank, and a step lasts at least as long as its slowest document on its fastest group.
+    It is the old no-cut bound (whole-document work over the pool, zero exposure) raised by the
+    forced cost of documents longer than a rank holds."""
+    area, fast = doc_bounds(table, n_ranks)
+    out = np.zeros(int(n_steps))
+    ok = doc_step >= 0
+    s = doc_step[ok]
+    a = np.bincount(s, weights=area[ok], minlength=n_steps)[:n_steps] / int(n_ranks)
+    f = np.zeros(int(n_steps))
+    np.maximum.at(f, s, fast[ok] + table.round_constant)
+    has = np.bincount(s, minlength=n_steps)[:n_steps] > 0
+    out[has] = np.maximum(a, f)[has]
+    return out
 
 
 def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
@@ -399,6 +445,7 @@ def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
         feas = doc_tab.tokens[docs] <= model.rank_capacity
         fastest = np.where(feas, doc_tab.compute[docs], np.inf).min(axis=1).max()
         step_lb[s] = max(lb, fastest if np.isfinite(fastest) else 0.0)
+    step_tb = tight_lower_bound(doc_tab, P, doc_step, S)
     total_busy = float(load.sum())
     # attention removed by cutting: query-key pairs of whole documents vs of their pieces
     used = np.unique(plan.item_doc)
@@ -410,7 +457,7 @@ def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
     return HybridEstimate(float(step_t.sum()), float(step_a.sum()), float(step_lb.sum()),
                           float(expo.sum() / total_busy) if total_busy > 0 else 0.0,
                           int(plan.documents_cut), max(0.0, removed), round_time, comp, expo,
-                          step_t, step_a, step_lb)
+                          step_t, step_a, step_lb, float(step_tb.sum()), step_tb)
 
 
 def _async_time(plan: HybridPlan, load: np.ndarray, r0: int, r1: int) -> float:
@@ -576,5 +623,6 @@ def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: 
     return StreamResult(concat_plans(plans), doc_step, doc_step - home)
 
 
-__all__ = ["HybridEstimate", "StreamResult", "cut_documents", "estimate", "plan_fixed_cp",
+__all__ = ["HybridEstimate", "StreamResult", "cut_documents", "doc_bounds", "estimate",
+           "plan_fixed_cp", "tight_lower_bound",
            "plan_hybrid", "plan_hybrid_stream", "plan_megatron_hybrid", "plan_stream"]

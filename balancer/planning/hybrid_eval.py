@@ -246,6 +246,10 @@ def summarize(plan: HybridPlan, model: CPCostModel, lengths: np.ndarray,
         "est_step_time_total_async": e.step_time_async,
         "lower_bound_total": e.lower_bound,
         "lower_bound_ratio": e.ratio,
+        # each document at its least area on a group it fits (forced exposed exchange
+        # included): what any planner can reach (balancer.planning.hybrid.tight_lower_bound)
+        "tight_lower_bound_total": e.tight_lower_bound,
+        "tight_lower_bound_ratio": e.tight_ratio,
         "steps": plan.n_steps,
         "rounds": plan.n_rounds,
         "rounds_per_step": {"min": int(np.diff(plan.step_rounds).min(initial=0)),
