@@ -186,6 +186,16 @@ def check_budget(layout: Layout, budget: int, by_samples: bool) -> None:
                      f"microbatches")
 
 
+def check_fixed_mode(layout: Layout, what: str) -> None:
+    """Refuse a ``cp_mode='hybrid'`` layout in the fixed-CP planner ``what`` (plan_epoch,
+    precompute): planning it as fixed CP groups would silently train another layout."""
+    if layout.cp_mode == "hybrid":
+        raise ValueError(f"{what}: layout cp_mode='hybrid' is planned per microbatch round by "
+                         f"the hybrid planner, not as fixed CP groups: use "
+                         f"balancer.loader.HybridBatchSampler (or balancer.planning.hybrid."
+                         f"plan_stream) for it, or cp_mode='fixed' for fixed CP")
+
+
 def load_yaml(path) -> dict:
     with open(path) as f:
         doc = yaml.safe_load(f) or {}

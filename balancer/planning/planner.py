@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..config import Layout, PlannerConfig, check_budget, step_budget
+from ..config import Layout, PlannerConfig, check_budget, check_fixed_mode, step_budget
 from ..cost.blocks import microbatch_costs
 from ..cost.model import CostModel
 from ..samples import SampleTable
@@ -93,6 +93,7 @@ def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
     multimodal planner's encoder cost in its joint mode."""
     config = config or PlannerConfig()
     strategies.get(config.strategy)
+    check_fixed_mode(layout, "plan_epoch")
     check_budget(layout, *step_budget(layout, config))  # before anything is built
     t0 = time.perf_counter()
     stream = epoch_stream(samples, cost, layout, config, epoch, carry_in,

@@ -174,7 +174,7 @@ def check_compatible(manifest: dict, *, layout=None, dataset_fingerprint: Option
         # both ways: a field left out of one side's dump at its default (``sync``, ``cp_mode``,
         # ...) means the default there, so a plan made with another value is still refused
         defaults = {k: f.default for k, f in type(layout).model_fields.items()} \
-            if hasattr(layout, "model_fields") else {}
+            if hasattr(type(layout), "model_fields") else {}
         for k in list(want) + [k for k in have if k not in want and k in defaults]:
             v, h = want.get(k, defaults.get(k)), have.get(k, defaults.get(k))
             if h != v:

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from . import plan_store as store
-from ..config import Layout, PlannerConfig
+from ..config import Layout, PlannerConfig, check_fixed_mode
 from ..cost.model import CostModel
 from ..cost.blocks import microbatch_costs
 from ..planning.plan import Items, microbatch_step_rank
@@ -153,6 +153,7 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
         raise ValueError(f"workers {workers} must be >= 1")
     from ..strategies import registry as strategies
     strategies.get(config.strategy)
+    check_fixed_mode(layout, "precompute")
     dist = _distributed(group)
     if dist is not None:
         return _precompute_distributed(samples, cost, layout, config, out, epochs=epochs,

@@ -214,3 +214,21 @@ def test_read_ahead_bound_defaults_to_three_times_the_delay_bound(wlbllm):
          for a in (None, 0)}
     assert d[None].max() <= 2 and d[None].min() >= -6 and d[None].min() < -2  # reads further ahead
     assert d[0].min() == 0 and d[0].max() <= 2  # delay only
+
+
+def test_hybrid_layout_is_refused_by_the_fixed_planner(tmp_path):
+    """A layout with cp_mode='hybrid' is planned per round by the hybrid planner; the fixed-CP
+    planner (plan_epoch, plan_epochs, precompute) names the right entry point instead of
+    silently planning fixed CP groups for it."""
+    from balancer.store.precompute import precompute
+    lay = Layout(dp=2, cp=2, capacity=2048, rank_capacity=1024, cp_mode="hybrid")
+    samples = SampleTable(np.full(64, 100))
+    for call in (lambda: plan_epoch(samples, COST, lay),
+                 lambda: plan_epochs(samples, COST, lay, epochs=2),
+                 lambda: precompute(samples, COST, lay, PlannerConfig(), tmp_path / "plan")):
+        with pytest.raises(ValueError, match=r"cp_mode='hybrid'.*HybridBatchSampler"):
+            call()
+    assert not (tmp_path / "plan").exists()
+    # the same layout in fixed mode plans
+    fixed = lay.model_copy(update={"cp_mode": "fixed"})
+    assert plan_epoch(samples, COST, fixed).n_steps >= 1
