@@ -1,194 +1,30 @@
-"""The hybrid DP x CP report (issue #15, item 5): ``python -m balancer report --cp-mode hybrid
---dp D --cp C --rank-capacity TOKENS --cost-model llama-7b --lengths X ...``.
-
-Plans the workload (in the fixed mode's epoch order, :func:`balancer.planner.epoch_order`) on the
-pool of ``D x C`` ranks with every hybrid-mode strategy (:mod:`balancer.hybrid_eval`: ``hybrid``,
-``hybrid_stream``, ``megatron_hybrid`` and fixed CP at every degree that tiles the pool) and
-writes under ``--out``:
-
-* ``report.json``: workload, layout (``cp_mode: hybrid``, ``rank_capacity``, ``pool``), the CP
-  cost model's figures, and per strategy: ``documents_cut``, ``exposed_comm_fraction``,
-  ``est_step_time_total`` (seconds per GPU, barrier per round), the no-cut lower bound and its
-  ratio, per-rank compute and exposed seconds, the group-size histogram, planning time; plus
-  ``baselines``: ``hybrid``'s estimated step time over every other strategy's;
-* ``report.md``: the same as tables;
-* ``hybrid_rank_time.png`` (per-rank compute vs exposed exchange of ``hybrid``, Megatron's rule
-  and the no-cut fixed degree), ``hybrid_group_sizes.png`` (group-size histogram),
-  ``hybrid_step_time.png`` (estimated epoch time per strategy against the lower bound).
-
-Every figure is recomputed from the plans' items by :func:`balancer.hybrid.estimate`; a plan that
-loses or duplicates a token of a document is reported ``"valid": false`` (exit status 1).
+"""``python -m balancer report --cp-mode hybrid --dp D --cp C --rank-capacity TOKENS
+--cost-model llama-7b --lengths X ...``: reads the flags, plans and writes the hybrid DP x CP
+report of :mod:`balancer.report.hybrid` (what it holds is described there) and prints its
+table. A plan that loses or duplicates a token of a document is reported ``"valid": false``
+(exit status 1).
 """
 from __future__ import annotations
 
-import json
+import argparse
 import time
 from pathlib import Path
 
-import numpy as np
-
 from . import args as cli_args
-from ..planning.hybrid_eval import compare_hybrid, parse_strategies, warmup
-from ..planning.planner import epoch_order
-
-
-def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: int,
-                        names: list[str], *, seed: int = 0, max_delay: int = 2,
-                        layout: dict | None = None, workload: str | None = None,
-                        over_limit: str = "error"):
-    """``(report dict, plot details, plans)`` of the hybrid-mode strategies on ``lengths``."""
-    lengths = np.asarray(lengths, np.int64)
-    order = epoch_order(lengths.shape[0], seed, 0)
-    res, details, plans = compare_hybrid(lengths, model, n_ranks, batch_tokens, names,
-                                         max_delay=max_delay, order=order,
-                                         over_limit=over_limit)
-    hw = model.hardware
-    report = {
-        "cp_mode": "hybrid",
-        "workload": {"name": workload, "samples": int(lengths.shape[0]),
-                     "tokens": int(lengths.sum()), "longest": res["longest"]},
-        "layout": {**(layout or {}), "cp_mode": "hybrid", "pool": int(n_ranks),
-                   "rank_capacity": int(model.rank_capacity)},
-        "batch_tokens": int(batch_tokens), "seed": int(seed), "max_delay": int(max_delay),
-        "cost_model": model.cost.name,
-        "cp_cost_model": {"gpus_per_node": hw.gpus_per_node, "overlap": hw.overlap,
-                          "intra_node_bandwidth": hw.intra_node_bandwidth,
-                          "inter_node_bandwidth": hw.inter_node_bandwidth,
-                          "kv_bytes_per_token": model.kv_bytes_per_token(), "pp": model.pp},
-        "est_step_time_unit": "seconds per GPU (CP cost model, barrier per round)",
-        "no_cut_fixed": res["no_cut_fixed"], "best_fixed": res["best_fixed"],
-        "strategies": res["strategies"],
-    }
-    valid = {n: b for n, b in res["strategies"].items() if b.get("valid")}
-    if "hybrid" in valid:
-        t = valid["hybrid"]["est_step_time_total"]
-        report["baselines"] = {n: t / b["est_step_time_total"] for n, b in valid.items()
-                               if n != "hybrid" and b["est_step_time_total"] > 0}
-    return report, details, plans
-
-
-def render_md(report: dict) -> str:
-    w, lay = report["workload"], report["layout"]
-    out = [f"# Hybrid DP x CP report: {w.get('name') or '?'}", "",
-           f"{w['samples']:,} documents, {w['tokens']:,} tokens, longest {w['longest']:,}; pool "
-           f"of {lay['pool']} ranks (dp {lay.get('dp')} x cp {lay.get('cp')}), rank capacity "
-           f"{lay['rank_capacity']:,} tokens, global batch {report['batch_tokens']:,} tokens; "
-           f"cost model {report['cost_model']}, overlap {report['cp_cost_model']['overlap']}, "
-           f"{report['cp_cost_model']['gpus_per_node']} GPUs per node.", "",
-           f"Step times: {report['est_step_time_unit']}. The fixed degree that cuts nothing is "
-           f"{report['no_cut_fixed']}; the fastest fixed degree is {report['best_fixed']} "
-           f"(cutting trains something else: attention removed is the share of causal "
-           f"query-key pairs the cuts took away).", "",
-           "| strategy | valid | documents cut | attention removed | est. step time total | "
-           "/ lower bound | no barrier | exposed comm | one exchange per group microbatch | "
-           "rounds | rank max/mean | plan ms/batch (median, max) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for n, b in report["strategies"].items():
-        if not b.get("valid"):
-            out.append(f"| {n} | no: {'; '.join(b.get('problems', []))} |" + " |" * 10)
-            continue
-        pm = b["plan_ms_per_batch"]
-        out.append(f"| {n} | yes | {b['documents_cut']} | {b['attention_removed']:.3f} | "
-                   f"{b['est_step_time_total']:.4g} | {b['lower_bound_ratio']:.3f} | "
-                   f"{b['est_step_time_total_async']:.4g} | {b['exposed_comm_fraction']:.3f} | "
-                   f"{b['est_step_time_total_packed_exchange']:.4g} | {b['rounds']} | {b['per_rank']['max_over_mean']:.3f} | "
-                   f"{pm['median']:.2f}, {pm['max']:.2f} |")
-    if report.get("baselines"):
-        out += ["", "## hybrid against the baselines", "",
-                "| baseline | hybrid est. step time / baseline's |", "|---|---|"]
-        out += [f"| {n} | {r:.3f} |" for n, r in report["baselines"].items()]
-    out += ["", "## Per-rank compute vs exposed communication (seconds over the epoch)", "",
-            "| strategy | compute min | compute max | exposed min | exposed max | exposed total "
-            "/ busy |", "|---|---|---|---|---|---|"]
-    for n, b in report["strategies"].items():
-        if b.get("valid"):
-            c, x = np.asarray(b["per_rank"]["compute_seconds"]), \
-                np.asarray(b["per_rank"]["exposed_seconds"])
-            out.append(f"| {n} | {c.min():.4g} | {c.max():.4g} | {x.min():.4g} | {x.max():.4g} "
-                       f"| {b['exposed_comm_fraction']:.3f} |")
-    out += ["", "## Group sizes (groups that ran something, over the epoch)", "",
-            "| strategy | " + " | ".join(f"{1 << k}" for k in range(lay['pool'].bit_length()))
-            + " |", "|---|" + "---|" * lay['pool'].bit_length()]
-    for n, b in report["strategies"].items():
-        if b.get("valid"):
-            h = b["group_size_histogram"]
-            out.append(f"| {n} | " + " | ".join(str(h.get(str(1 << k), 0))
-                                                for k in range(lay['pool'].bit_length())) + " |")
-    if report.get("files"):
-        out += ["", "## Plots", ""] + [f"![{k}]({v})" for k, v in report["files"].items()
-                                       if v.endswith(".png")]
-    return "\n".join(out) + "\n"
-
-
-def write_plots(report: dict, out: Path) -> dict:
-    """The three PNGs; returns ``{kind: path}``."""
-    from ..report.plots import _plt
-    plt = _plt()
-    files = {}
-    st = {n: b for n, b in report["strategies"].items() if b.get("valid")}
-    show = [n for n in ("hybrid", "megatron_hybrid", report.get("no_cut_fixed")) if n in st]
-    if show:
-        fig, axes = plt.subplots(len(show), 1, figsize=(11, 2.6 * len(show)), squeeze=False)
-        for ax, n in zip(axes[:, 0], show):
-            c = np.asarray(st[n]["per_rank"]["compute_seconds"])
-            x = np.asarray(st[n]["per_rank"]["exposed_seconds"])
-            r = np.arange(c.shape[0])
-            ax.bar(r, c, color="tab:blue", label="compute")
-            ax.bar(r, x, bottom=c, color="tab:red", label="exposed K/V exchange")
-            ax.set_title(f"{n}: per-rank time over the epoch (cut {st[n]['documents_cut']})")
-            ax.set_xlabel("rank in the pool")
-            ax.set_ylabel("seconds")
-            ax.legend(loc="upper right")
-        fig.tight_layout()
-        files["rank_time"] = str(out / "hybrid_rank_time.png")
-        fig.savefig(files["rank_time"], dpi=110)
-        plt.close(fig)
-    fig, ax = plt.subplots(figsize=(10, 4))
-    K = report["layout"]["pool"].bit_length()
-    width = 0.8 / max(1, len(st))
-    for i, (n, b) in enumerate(st.items()):
-        h = [b["group_size_histogram"].get(str(1 << k), 0) for k in range(K)]
-        ax.bar(np.arange(K) + i * width, h, width, label=n)
-    ax.set_xticks(np.arange(K) + 0.4 - width / 2, [str(1 << k) for k in range(K)])
-    ax.set_yscale("symlog")
-    ax.set_xlabel("CP group size (ranks)")
-    ax.set_ylabel("groups over the epoch")
-    ax.set_title("Group-size histogram")
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    files["group_sizes"] = str(out / "hybrid_group_sizes.png")
-    fig.savefig(files["group_sizes"], dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(10, 4))
-    names = list(st)
-    ax.bar(names, [st[n]["est_step_time_total"] for n in names], color="tab:gray",
-           label="estimated epoch time")
-    ax.bar(names, [st[n]["lower_bound_total"] for n in names], color="none",
-           edgecolor="black", label="no-cut lower bound")
-    ax.set_yscale("log")
-    ax.set_ylabel("seconds per GPU")
-    ax.set_title("Estimated step time summed over the epoch")
-    ax.tick_params(axis="x", rotation=45)
-    ax.legend()
-    fig.tight_layout()
-    files["step_time"] = str(out / "hybrid_step_time.png")
-    fig.savefig(files["step_time"], dpi=110)
-    plt.close(fig)
-    return files
+from ..planning.hybrid_eval import format_table, parse_strategies, warmup
+# the report's names, importable from here as before the move
+from ..report.hybrid import build_hybrid_report, render_md, write_hybrid_report, write_plots
 
 
 def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:
     """Everything ``python -m balancer report --cp-mode hybrid`` does; returns the report."""
-    from ..report.build import _jsonable
-    from .args import read_lengths as _read_lengths
     t0 = time.perf_counter()
     if getattr(args, "plan", None):
         raise ValueError("--plan: stored plans are fixed-mode plans; --cp-mode hybrid plans "
                          "the workload itself (give --lengths or --dataset)")
-    lengths, wname = _read_lengths(args)
+    lengths, wname = cli_args.read_lengths(args)
     if lengths is None:
         raise ValueError("give --lengths FILE.npy|NAME or --dataset DIR")
-    import argparse
     # the CP cost model needs a preset with a model: mapping; llama-7b unless told
     args = argparse.Namespace(**{**vars(args), "cost_model": args.cost_model or "llama-7b"})
     model, P, budget = cli_args.build_cp(args)
@@ -198,23 +34,14 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
         layout=layout.model_dump(), workload=wname, over_limit=args.over_length)
-    outp = Path(out)
-    outp.mkdir(parents=True, exist_ok=True)
-    files = write_plots(report, outp) if plots else {}
-    files["markdown"] = str(outp / "report.md")
-    files["json"] = str(outp / "report.json")
-    report["files"] = {k: Path(v).name for k, v in files.items()}
-    report["report_seconds"] = time.perf_counter() - t0
-    Path(files["markdown"]).write_text(render_md(report))
-    with open(files["json"], "w") as f:
-        json.dump(_jsonable(report), f, indent=1)
+    files = write_hybrid_report(report, out, plots=plots, t0=t0)
     if not quiet:
-        from ..planning.hybrid_eval import format_table
         print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],
                             "overlap": report["cp_cost_model"]["overlap"]}))
-        print(f"\nreport written to {outp}/: " + ", ".join(Path(p).name for p in files.values())
-              + f" ({report['report_seconds']:.1f} s)")
+        written = ", ".join(Path(p).name for p in files.values())
+        print(f"\nreport written to {Path(out)}/: {written} ({report['report_seconds']:.1f} s)")
     return report
 
 
-__all__ = ["build_hybrid_report", "render_md", "run_hybrid_report", "write_plots"]
+__all__ = ["build_hybrid_report", "render_md", "run_hybrid_report", "write_hybrid_report",
+           "write_plots"]
