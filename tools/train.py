@@ -234,13 +234,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
                 raise RuntimeError(f"rank {rank}: epoch ended inside step {done}")
             t3 = time.perf_counter()
             if args.sync == "explicit":
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                dist.all_reduce(flat)
-                off = 0
-                for p in params:
-                    n = p.numel()
-                    p.grad.copy_(flat[off:off + n].view_as(p))
-                    off += n
+                sum_grads(params)
             rec["sync_s"] = time.perf_counter() - t3
             if args.dump_grads and done == 0 and rank == 0:
                 torch.save({n: p.grad.clone() for n, p in model.named_parameters()},
@@ -271,7 +265,26 @@ class _null:
         return False
 
 
-def _rank_entry(rank: int, world: int, args: argparse.Namespace, init: str, out: str):
+def sum_grads(params) -> None:
+    """Sum every parameter's gradient over the ranks in one all-reduce (a parameter without a
+    gradient counts as zeros and gets the sum)."""
+    flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else
+                      torch.zeros(p.numel(), dtype=p.dtype) for p in params])
+    dist.all_reduce(flat)
+    off = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            p.grad = flat[off:off + n].view_as(p).clone()
+        else:
+            p.grad.copy_(flat[off:off + n].view_as(p))
+        off += n
+
+
+def _rank_entry(rank: int, train_rank, world: int, args: argparse.Namespace, init: str,
+                out: str):
+    """One spawned rank: ``train_rank(rank, world, args)`` in the gloo group; rank 0 writes every
+    rank's records to ``out`` once all have finished."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
@@ -341,6 +354,33 @@ def _read_records(path: str):
         return None
 
 
+def spawn_ranks(train_rank, args: argparse.Namespace, tmp: str) -> list[list[dict]]:
+    """Run ``train_rank(rank, world, args)`` on ``args.world`` spawned ranks in one gloo group
+    (``file://`` rendezvous in ``tmp``, ``args.timeout``); returns the per-rank records.
+    ``train_rank`` must be importable (module level), as for any spawned process."""
+    out = os.path.join(tmp, "records.json")
+    init = f"file://{tmp}/rendezvous"
+    crash = None
+    try:
+        mp.start_processes(_rank_entry, args=(train_rank, args.world, args, init, out),
+                           nprocs=args.world, join=True, start_method="spawn")
+    except mp.ProcessExitedException as exc:
+        crash = exc
+    # gloo has been seen (about once in 40 runs here) to abort a rank with "terminate called
+    # without an active exception" while the process group is torn down. Rank 0 writes the
+    # records only after every rank finished training, so a complete file means the run is
+    # whole; anything less is a real failure
+    per_rank = _read_records(out)
+    if per_rank is None:
+        if crash is not None:
+            raise crash
+        raise RuntimeError("the ranks exited without writing their records")
+    if crash is not None:
+        print(f"train: a rank died after the run completed ({crash}); its records are "
+              "complete", file=sys.stderr, flush=True)
+    return per_rank
+
+
 def run(args: argparse.Namespace) -> dict:
     """Make the data, spawn ``args.world`` ranks, return (and write to ``args.log``) the log."""
     if not 1 <= args.world <= 8:
@@ -349,27 +389,8 @@ def run(args: argparse.Namespace) -> dict:
         folder = Path(args.data) if args.data else Path(tmp) / "data"
         args.data_path = str(make_dataset(folder, args.workload, args.samples, args.scale,
                                           args.vocab, args.seed))
-        out = os.path.join(tmp, "records.json")
         _warm_numba_cache(args)
-        init = f"file://{tmp}/rendezvous"
-        crash = None
-        try:
-            mp.start_processes(_rank_entry, args=(args.world, args, init, out),
-                               nprocs=args.world, join=True, start_method="spawn")
-        except mp.ProcessExitedException as exc:
-            crash = exc
-        # gloo has been seen (about once in 40 runs here) to abort a rank with "terminate called
-        # without an active exception" while the process group is torn down. Rank 0 writes the
-        # records only after every rank finished training, so a complete file means the run is
-        # whole; anything less is a real failure
-        per_rank = _read_records(out)
-        if per_rank is None:
-            if crash is not None:
-                raise crash
-            raise RuntimeError("the ranks exited without writing their records")
-        if crash is not None:
-            print(f"train: a rank died after the run completed ({crash}); its records are "
-                  "complete", file=sys.stderr, flush=True)
+        per_rank = spawn_ranks(train_rank, args, tmp)
     log = merge_log(args, per_rank)
     if args.log:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,6 @@ calibrated CPU preset ``--cost-model`` (``tiny-lm-cpu``) and the gloo figures ``
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import json
 import os
 import sys
@@ -35,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tools.tiny_lm import add_model_args, token_loss_sum
 
@@ -181,7 +178,8 @@ def build_sampler(args, lengths, rank):
 def train_rank(rank: int, world: int, args) -> list[dict]:
     from balancer.collate import PackedDataset
     from balancer.hybrid_loader import HybridCollator
-    from tools.train import load_dataset
+    from tools.train import load_dataset, sum_grads
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     ds = load_dataset(Path(args.data_path))
@@ -213,14 +211,7 @@ def train_rank(rank: int, world: int, args) -> list[dict]:
         if not b["last_in_step"]:
             continue
         t3 = time.perf_counter()
-        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else
-                          torch.zeros(p.numel(), dtype=dtype) for p in params])
-        dist.all_reduce(flat)
-        off = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).clone()
-            off += n
+        sum_grads(params)
         rec["sync_s"] = time.perf_counter() - t3
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -231,23 +222,6 @@ def train_rank(rank: int, world: int, args) -> list[dict]:
         if args.steps and len(records) >= args.steps:
             break
     return records
-
-
-def _rank_entry(rank, world, args, init, out):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
-    try:
-        records = train_rank(rank, world, args)
-        gathered = [None] * world
-        dist.all_gather_object(gathered, records)
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump(gathered, f)
-        dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
 
 
 def estimate_steps(args, lengths) -> dict:
@@ -313,16 +287,8 @@ def run(args) -> dict:
         import pyarrow.parquet as pq
         lengths = pq.read_table(args.data_path, columns=["length"])["length"].to_numpy()
         est = estimate_steps(args, lengths)   # also compiles the kernels before the ranks
-        out = os.path.join(tmp, "records.json")
-        init = f"file://{tmp}/rendezvous"
-        try:
-            mp.start_processes(_rank_entry, args=(args.world, args, init, out),
-                               nprocs=args.world, join=True, start_method="spawn")
-        except mp.ProcessExitedException:
-            if not os.path.exists(out):
-                raise
-        with open(out) as f:
-            per_rank = json.load(f)
+        from tools.train import spawn_ranks
+        per_rank = spawn_ranks(train_rank, args, tmp)
     n = min(len(r) for r in per_rank)
     steps = []
     for s in range(n):
