@@ -123,6 +123,13 @@ def render_md(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _save(plt, fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def write_plots(report: dict, out: Path) -> dict:
     """The three PNGs; returns ``{kind: path}``."""
     from .plots import _plt
@@ -142,10 +149,7 @@ def write_plots(report: dict, out: Path) -> dict:
             ax.set_xlabel("rank in the pool")
             ax.set_ylabel("seconds")
             ax.legend(loc="upper right")
-        fig.tight_layout()
-        files["rank_time"] = str(out / "hybrid_rank_time.png")
-        fig.savefig(files["rank_time"], dpi=110)
-        plt.close(fig)
+        files["rank_time"] = _save(plt, fig, out / "hybrid_rank_time.png")
     fig, ax = plt.subplots(figsize=(10, 4))
     K = report["layout"]["pool"].bit_length()
     width = 0.8 / max(1, len(st))
@@ -158,10 +162,7 @@ def write_plots(report: dict, out: Path) -> dict:
     ax.set_ylabel("groups over the epoch")
     ax.set_title("Group-size histogram")
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    files["group_sizes"] = str(out / "hybrid_group_sizes.png")
-    fig.savefig(files["group_sizes"], dpi=110)
-    plt.close(fig)
+    files["group_sizes"] = _save(plt, fig, out / "hybrid_group_sizes.png")
     fig, ax = plt.subplots(figsize=(10, 4))
     names = list(st)
     ax.bar(names, [st[n]["est_step_time_total"] for n in names], color="tab:gray",
@@ -173,10 +174,7 @@ def write_plots(report: dict, out: Path) -> dict:
     ax.set_title("Estimated step time summed over the epoch")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
-    fig.tight_layout()
-    files["step_time"] = str(out / "hybrid_step_time.png")
-    fig.savefig(files["step_time"], dpi=110)
-    plt.close(fig)
+    files["step_time"] = _save(plt, fig, out / "hybrid_step_time.png")
     return files
 
 
