@@ -194,12 +194,20 @@ def write_report(report: dict, details: dict, out: str | Path, lengths: np.ndarr
         t1 = time.perf_counter()
         files.update(P.write_all(report, details, lengths, cost, out))
         report["plot_seconds"] = time.perf_counter() - t1
+    return write_md_json(report, files, out, report_md.render, t0)
+
+
+def write_md_json(report: dict, files: dict, out: Path, render, t0: float | None) -> dict:
+    """The last part of writing a report (this one and the hybrid one): ``report.md`` (by
+    ``render(report)``) and ``report.json`` under ``out``, after ``report["files"]`` (the names
+    of ``files`` plus these two) and, given ``t0``, ``report["report_seconds"]``. Returns
+    ``files`` with the two added."""
     files["markdown"] = str(out / "report.md")
     files["json"] = str(out / "report.json")
     report["files"] = {k: Path(v).name for k, v in files.items()}
     if t0 is not None:
         report["report_seconds"] = time.perf_counter() - t0
-    Path(files["markdown"]).write_text(report_md.render(report))
+    Path(files["markdown"]).write_text(render(report))
     with open(files["json"], "w") as f:
         json.dump(_jsonable(report), f, indent=1)
     return files

@@ -22,15 +22,13 @@ plan that loses or duplicates a token of a document is reported ``"valid": false
 """
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import numpy as np
 
 from ..planning.hybrid_eval import compare_hybrid
 from ..planning.planner import epoch_order
-from .build import _jsonable
+from .build import write_md_json
 
 
 def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: int,
@@ -186,15 +184,7 @@ def write_hybrid_report(report: dict, out: str | Path, *, plots: bool = True,
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     files = write_plots(report, outp) if plots else {}
-    files["markdown"] = str(outp / "report.md")
-    files["json"] = str(outp / "report.json")
-    report["files"] = {k: Path(v).name for k, v in files.items()}
-    if t0 is not None:
-        report["report_seconds"] = time.perf_counter() - t0
-    Path(files["markdown"]).write_text(render_md(report))
-    with open(files["json"], "w") as f:
-        json.dump(_jsonable(report), f, indent=1)
-    return files
+    return write_md_json(report, files, outp, render_md, t0)
 
 
 __all__ = ["build_hybrid_report", "render_md", "write_hybrid_report", "write_plots"]
