@@ -13,6 +13,8 @@ from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 from .pipeline import _pipeline_order
 from .steppack import _pack_step, _priority_order
 
+_CHUNK = 1024  # pool slots made room for at once by the intake
+
 
 @kernel
 def _grow(a, need):
@@ -32,10 +34,10 @@ def _is_lump(i, sizes, costs, cpt, thr):
 
 
 @kernel
-def _grow_pool(pool, parr, now, ls, np_, nls):
-    """The pool arrays with room for one more item (doubled when full)."""
-    return (_grow(pool, np_ + 1), _grow(parr, np_ + 1), _grow(now, np_ + 1),
-            _grow(ls, nls + 1))
+def _grow_pool(pool, parr, now, ls, need, need_ls):
+    """The pool arrays with room for ``need`` items, ``ls`` for ``need_ls`` lump slots
+    (doubled until they fit)."""
+    return _grow(pool, need), _grow(parr, need), _grow(now, need), _grow(ls, need_ls)
 
 
 @kernel
@@ -260,20 +262,24 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 need = budget - emit_w
                 got = 0
                 while pos < n and got < need:
-                    if max_advance > 0 and taken[pos]:
+                    # room for a chunk at a time: growing (re-binding the arrays) inside the
+                    # per-item loop made this loop ten times slower
+                    lim = np_ + _CHUNK
+                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
+                    while pos < n and got < need and np_ < lim:
+                        if max_advance > 0 and taken[pos]:
+                            pos += 1
+                            continue
+                        lump = _is_lump(pos, sizes, costs, cpt, thr)
+                        # ``now`` of a new lump is set by the next round's schedule before any
+                        # read
+                        nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
+                        if not lump:
+                            got += w[pos]
+                            pos_cum += w[pos]
+                            fluid_w += w[pos]
+                        np_ += 1
                         pos += 1
-                        continue
-                    if np_ >= pool.shape[0] or nls >= ls.shape[0]:
-                        pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_, nls)
-                    lump = _is_lump(pos, sizes, costs, cpt, thr)
-                    # ``now`` of a new lump is set by the next round's schedule before any read
-                    nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
-                    if not lump:
-                        got += w[pos]
-                        pos_cum += w[pos]
-                        fluid_w += w[pos]
-                    np_ += 1
-                    pos += 1
                 continue
             if emit_w > budget and np_ > n_old:
                 # give back the end of this step's intake that overfills it
@@ -313,7 +319,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 if i >= pos and not taken[i]:
                     taken[i] = True
                     if np_ >= pool.shape[0] or nls >= ls.shape[0]:
-                        pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_, nls)
+                        pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                     # delay = -(steps read early)
                     nls = _pool_add(pool, parr, now, ls, np_, nls, i, step + pull_est[q], True,
                                     True)
@@ -332,7 +338,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     pos += 1
                     continue
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
-                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_, nls)
+                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                 lump = _is_lump(pos, sizes, costs, cpt, thr)
                 nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, True, lump)
                 if not lump:
