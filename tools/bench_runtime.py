@@ -4,7 +4,8 @@
    samples per step, RL-like lengths (prompt U[64, 1024] + response lognormal, median 1,200,
    clipped to 15,360) and a real workload (``--workload``, resampled per step); per step:
    planning time (median), per-rank imbalance (slowest rank's forward + backward cost over the
-   mean and over a lower bound: max(mean, the dearest sample)), the largest microbatch in tokens
+   mean, over a lower bound: max(mean, the dearest sample), and over a tighter one that also
+   counts pigeonhole and capacity: ``tight_bound``), the largest microbatch in tokens
    against the capacity, microbatches per rank; and the same for a re-implementation of verl's
    ``_balance_batch`` + ``rearrange_micro_batches`` on the same batch.
 2. Real gloo collectives at ``--gloo-ranks`` (4) ranks with ``--samples`` samples per step in
@@ -184,6 +185,23 @@ def rl_lengths(rng, n):
     return prompt + resp
 
 
+def tight_bound(cost, lengths, dp, n_mb, capacity):
+    """A lower bound of the slowest rank's cost with ``n_mb`` microbatches per rank of
+    ``capacity`` tokens, the largest of: the mean rank cost; the dearest sample; pigeonhole
+    (of the ``j * dp + 1`` dearest samples one rank holds ``j + 1``, each at least the
+    ``(j * dp + 1)``-th dearest); capacity (the other ``dp - 1`` ranks hold at most
+    ``(dp - 1) * n_mb * capacity`` tokens, so the rank with the dearest sample holds the rest,
+    at no less than the cheapest cost per token). Each plus ``n_mb`` microbatch constants."""
+    doc = cost.doc_total(lengths)
+    cf, cb = cost.microbatch_constant
+    c = np.sort(doc)[::-1]
+    j = np.arange((c.shape[0] - 1) // dp + 1)
+    top = int(np.argmax(doc))
+    rest = max(0, int(lengths.sum()) - (dp - 1) * n_mb * capacity - int(lengths[top]))
+    return max(doc.sum() / dp, float(((j + 1) * c[j * dp]).max()),
+               float(doc[top]) + rest * float((doc / lengths).min())) + n_mb * (cf + cb)
+
+
 def metrics(cost, lengths, rank, mb, dp, n_mb, capacity):
     doc = cost.doc_total(lengths)
     cf, cb = cost.microbatch_constant
@@ -194,6 +212,8 @@ def metrics(cost, lengths, rank, mb, dp, n_mb, capacity):
     counts = np.bincount(rank, minlength=dp)
     return {"max_over_mean": rank_cost.max() / rank_cost.mean(),
             "max_over_bound": rank_cost.max() / bound,
+            "max_over_tight_bound": rank_cost.max() / tight_bound(cost, lengths, dp, n_mb,
+                                                                  capacity),
             "tokens_max_over_mean": rank_tok.max() / rank_tok.mean(),
             "max_mb_over_capacity": mb_tok.max() / capacity, "microbatches": n_mb,
             "samples_per_rank": (int(counts.min()), int(counts.max()))}
@@ -229,9 +249,11 @@ def plan_bench(args, cost, lengths_of_step, capacity):
     out = {}
     for name, rs in rows.items():
         agg = {k: float(np.median([r[k] for r in rs])) for k in
-               ("max_over_mean", "max_over_bound", "tokens_max_over_mean")}
+               ("max_over_mean", "max_over_bound", "tokens_max_over_mean",
+             "max_over_tight_bound")}
         agg["max_mb_over_capacity"] = float(max(r["max_mb_over_capacity"] for r in rs))
         agg["worst_max_over_bound"] = float(max(r["max_over_bound"] for r in rs))
+        agg["worst_max_over_tight_bound"] = float(max(r["max_over_tight_bound"] for r in rs))
         agg["microbatches_per_rank"] = [int(min(r["microbatches"] for r in rs)),
                                         int(max(r["microbatches"] for r in rs))]
         agg["samples_per_rank"] = [int(min(r["samples_per_rank"][0] for r in rs)),
