@@ -77,6 +77,7 @@ def _precompute_args(p: argparse.ArgumentParser) -> None:
         g.add_argument("--" + name.replace("_", "-"), dest=name, help=f.description,
                        **_flag_type(f.annotation))
     g.add_argument("--overwrite", action="store_true", help="replace an existing plan directory")
+    cli_args.add_cp_args(p)   # --cp-mode hybrid writes a hybrid DP x CP plan (issue #15)
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="tqdm progress bar (on rank 0)")
     # only flags actually given reach the namespace, so config files fill the rest
@@ -118,10 +119,15 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
     cost = load_cost_model(job.cost_model)
     lay = {k: v for k, v in values.items() if k in _LAYOUT and v is not None}
     if "capacity" not in lay:
-        lay["capacity"] = cost.capacity(lay.get("cp", 1), lay.get("pp", 1))
-    layout = Layout(**lay)
-    config = PlannerConfig(**{k: v for k, v in values.items() if k in _PLANNER and
-                              (v is not None or PlannerConfig.model_fields[k].default is None)})
+        lay["capacity"] = (lay.get("cp", 1) * lay["rank_capacity"] if lay.get("rank_capacity")
+                           else cost.capacity(lay.get("cp", 1), lay.get("pp", 1)))
+    from pydantic import ValidationError
+    try:
+        layout = Layout(**lay)
+        config = PlannerConfig(**{k: v for k, v in values.items() if k in _PLANNER and
+                                  (v is not None or PlannerConfig.model_fields[k].default is None)})
+    except ValidationError as e:
+        raise ValueError(cli_args.flag_errors(e)) from None
     return job, layout, config, cost
 
 
@@ -175,6 +181,13 @@ def _init_distributed() -> bool:
 def _precompute_run(args) -> int:
     from ..store.precompute import precompute
     job, layout, config, cost = resolve(args)
+    if layout.cp_mode == "hybrid":
+        from .hybrid_store import precompute_hybrid_run
+        return precompute_hybrid_run(args, job, layout, config, load_samples)
+    for k in ("gpus_per_node", "cp_overlap"):
+        if k in vars(args):
+            raise ValueError(f"--{k.replace('_', '-')} is a figure of the hybrid mode's CP cost "
+                             f"model: give it with --cp-mode hybrid")
     dist = _init_distributed()
     rank = int(os.environ.get("RANK", "0")) if dist else 0
     t0 = time.perf_counter()
@@ -264,6 +277,9 @@ def _inspect_run(args) -> int:
     if resolved != Path(args.plan_dir):
         print(f"note: {args.plan_dir} is missing (an overwrite was interrupted); reading the "
               f"previous plan from {resolved}", file=sys.stderr)
+    from .hybrid_store import inspect_hybrid, is_hybrid
+    if is_hybrid(resolved):
+        return inspect_hybrid(args, stale)
     manifest = store.load_manifest(args.plan_dir)
     store.check_compatible(manifest)
     shown = {k: v for k, v in manifest.items() if k != "epochs"}
@@ -298,3 +314,4 @@ def _inspect_run(args) -> int:
 
 command("inspect", "print a plan directory's manifest and summary figures")(
     (_inspect_args, _inspect_run))
+

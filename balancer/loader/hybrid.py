@@ -33,7 +33,8 @@ over the pool, trains every token of every document exactly once per epoch
 """
 from __future__ import annotations
 
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -42,8 +43,7 @@ from torch.utils.data import Sampler
 from .collate import FetchedMicrobatch, pack_documents
 from ..config import Layout
 from ..cost.cp import CPCostModel
-from ..planning.hybrid_eval import check_pool_limit, plan_strategy
-from ..planning.planner import epoch_order
+from ..planning.hybrid_epoch import HYBRID_MAX_DELAY, plan_hybrid_epoch
 from ..samples import SampleTable
 
 
@@ -74,12 +74,20 @@ class HybridBatchSampler(Sampler):
     microbatches x rank_capacity``), each planned by ``strategy`` (``hybrid``,
     ``hybrid_stream``, ``megatron_hybrid`` or ``fixed_cp<c>``: a fixed CP baseline through the
     same loader). ``rank`` defaults to the process group's rank. Every rank builds the same plan
-    from the same inputs; ``len()`` is the epoch's rounds, equal on every rank."""
+    from the same inputs; ``len()`` is the epoch's rounds, equal on every rank.
+
+    ``plan`` trains from plans made ahead of time instead: a plan directory written by
+    ``python -m balancer precompute --cp-mode hybrid`` /
+    :func:`balancer.store.hybrid_store.precompute_hybrid` (checked against this sampler's
+    layout, cost model, dataset, strategy, seed, batch tokens, delay bound and over-limit
+    policy; every epoch's arrays are verified when loaded), or any ``epoch -> HybridPlan``
+    callable (``item_doc`` sample ids). The batches are the same as without it."""
 
     def __init__(self, samples: SampleTable, model: CPCostModel, layout: Layout, *,
                  strategy: str = "hybrid", seed: int = 0, epoch: int = 0,
                  rank: Optional[int] = None, batch_tokens: Optional[int] = None,
-                 max_delay: int = 2, over_limit: str = "error"):
+                 max_delay: int = HYBRID_MAX_DELAY, over_limit: str = "error",
+                 plan: Optional[Union[str, Path, Callable]] = None):
         if layout.cp_mode != "hybrid":
             raise ValueError(f"HybridBatchSampler needs a layout with cp_mode='hybrid', got "
                              f"{layout.cp_mode!r} (PackedBatchSampler serves fixed CP)")
@@ -105,6 +113,16 @@ class HybridBatchSampler(Sampler):
         self.epoch = int(epoch)
         self._plan = None
         self._plan_epoch = None
+        if isinstance(plan, (str, Path)):
+            from ..store.hybrid_store import hybrid_plan_source
+            plan = hybrid_plan_source(plan, layout=layout, model=model, samples=samples,
+                                      strategy=strategy, seed=self.seed,
+                                      batch_tokens=self.batch_tokens, max_delay=self.max_delay,
+                                      over_limit=over_limit)
+        elif plan is not None and not callable(plan):
+            raise TypeError(f"plan must be a plan directory or an epoch -> HybridPlan callable, "
+                            f"got {type(plan).__name__}")
+        self._source = plan
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -113,16 +131,16 @@ class HybridBatchSampler(Sampler):
     def plan(self):
         """The epoch's :class:`packing.hybrid_cp.HybridPlan` (``item_doc`` are sample ids)."""
         if self._plan_epoch != self.epoch:
-            lengths = self.samples.lengths
-            if not self.strategy.startswith("fixed_cp"):   # fixed degrees cut by design
-                check_pool_limit(lengths, self.model, self.P, self.over_limit)  # names it
-            order = epoch_order(lengths.shape[0], self.seed, self.epoch)
-            plan, _ = plan_strategy(self.strategy, lengths[order], self.model, self.P,
-                                    self.batch_tokens, max_delay=self.max_delay,
-                                    over_limit=self.over_limit)
-            plan = plan._replace(item_doc=order[plan.item_doc])
-            if not plan.item_length.any():
-                plan = plan._replace(item_length=lengths[plan.item_doc])
+            if self._source is not None:
+                plan = self._source(self.epoch)
+                if plan.n_ranks != self.P:
+                    raise ValueError(f"the plan of epoch {self.epoch} is for a pool of "
+                                     f"{plan.n_ranks} ranks, this sampler's is {self.P}")
+            else:
+                plan = plan_hybrid_epoch(self.samples.lengths, self.model, self.P,
+                                         self.batch_tokens, strategy=self.strategy,
+                                         seed=self.seed, epoch=self.epoch,
+                                         max_delay=self.max_delay, over_limit=self.over_limit)
             self._plan, self._plan_epoch = plan, self.epoch
             self._step_loss = self._loss_tokens(plan)
         return self._plan

@@ -17,7 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from .files import (ARRAYS, FORMAT_NAME, KILL_ENV, MANIFEST, MANIFEST_DIGEST_KEY, NO_EXCHANGE_ENV,
+from .files import (ARRAYS, FORMAT_NAME, HYBRID_ARRAYS, HYBRID_FORMAT_NAME, KILL_ENV, MANIFEST,
+                    MANIFEST_DIGEST_KEY, NO_EXCHANGE_ENV,
                     epoch_dirname, fsync_dir)
 
 
@@ -56,7 +57,7 @@ def foreign_entry(path) -> Optional[str]:
         if not (_EPOCH_RE.fullmatch(p.name) and stat.S_ISDIR(st.st_mode)):
             return p.name
         for q in sorted(p.iterdir()):
-            if not (q.suffix == ".npy" and q.stem in ARRAYS and
+            if not (q.suffix == ".npy" and (q.stem in ARRAYS or q.stem in HYBRID_ARRAYS) and
                     stat.S_ISREG(os.lstat(q).st_mode)):
                 return f"{p.name}/{q.name}"
     return None
@@ -68,7 +69,7 @@ def _has_plan_manifest(path: Path) -> bool:
             m = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(m, dict) and m.get("format") == FORMAT_NAME
+    return isinstance(m, dict) and m.get("format") in (FORMAT_NAME, HYBRID_FORMAT_NAME)
 
 
 def check_replaceable(path) -> None:

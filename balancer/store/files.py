@@ -27,6 +27,14 @@ ARRAYS = {
     "step_mbs": "<i8", "leftover_sample": "<i8", "leftover_start": "<i8",
     "leftover_length": "<i8",
 }
+#: hybrid DP x CP plans (issue #15): their own format name, every array of an epoch and its dtype
+HYBRID_FORMAT_NAME = "balancer-hybrid-plan"
+HYBRID_FORMAT_VERSION = 1
+HYBRID_ARRAYS = {
+    "step_rounds": "<i8", "round_groups": "<i8", "group_offset": "<i8", "group_size": "<i8",
+    "group_entries": "<i8", "entry_item": "<i8", "entry_owner": "<i8", "item_doc": "<i8",
+    "item_start": "<i8", "item_length": "<i8",
+}
 _HASH_BLOCK = 1 << 24
 
 

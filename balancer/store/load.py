@@ -17,8 +17,8 @@ from ..config import Layout, PlannerConfig
 from ..planning.plan import Items, Plan, microbatch_step_rank
 from ..zigzag import cp_pad_unit
 from .atomic import _moved_aside, manifest_digest
-from .files import (ARRAYS, FORMAT_NAME, FORMAT_VERSION, HEADER_BYTES, MANIFEST, MANIFEST_DIGEST_KEY,
-                    file_digest, npy_header)
+from .files import (ARRAYS, FORMAT_NAME, FORMAT_VERSION, HEADER_BYTES, HYBRID_FORMAT_NAME,
+                    MANIFEST, MANIFEST_DIGEST_KEY, file_digest, npy_header)
 
 
 # ---- loading and checking -----------------------------------------------------------------
@@ -125,10 +125,10 @@ def check_manifest_schema(manifest: dict, src="manifest") -> None:
                 sc.fail(f"{aw}.shape", f"is {_short(shape)}, expected [n] with n >= 0")
 
 
-def load_manifest(path) -> dict:
-    """The manifest of a plan directory; a clear ValueError when it is missing (an interrupted
-    write), unreadable, not a plan of a format this code reads, edited after it was written
-    (its seal ``manifest_sha256`` differs), or missing keys / of wrong types."""
+def read_sealed_manifest(path, fmt: str, version: int) -> tuple[dict, Path]:
+    """``(manifest, its path)`` of a plan directory whose manifest has format ``fmt`` and
+    ``format_version`` ``version`` and an intact seal; a ValueError saying what is wrong
+    otherwise (a hybrid DP x CP plan read as a fixed one, or the reverse, is named)."""
     path = resolve_plan_dir(path)
     if not path.is_dir():
         raise ValueError(f"{path}: no plan directory there")
@@ -143,17 +143,33 @@ def load_manifest(path) -> dict:
             manifest = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{m}: the manifest is not valid JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise ValueError(f"{m}: not a {FORMAT_NAME} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    got = manifest.get("format") if isinstance(manifest, dict) else None
+    if got == HYBRID_FORMAT_NAME and fmt != got:
+        raise ValueError(f"{m}: a hybrid DP x CP plan (cp_mode='hybrid', written by precompute "
+                         f"--cp-mode hybrid): train from it with HybridBatchSampler(plan=...) "
+                         f"or read it with balancer.store.hybrid_store.load_hybrid_plan")
+    if got == FORMAT_NAME and fmt != got:
+        raise ValueError(f"{m}: a fixed-CP plan (cp_mode='fixed'): train from it with "
+                         f"PackedBatchSampler(plan=...) or read it with load_plan")
+    if got != fmt:
+        raise ValueError(f"{m}: not a {fmt} manifest")
+    if manifest.get("format_version") != version:
         raise ValueError(f"{m}: format_version: plan has {manifest.get('format_version')!r}, "
-                         f"expected {FORMAT_VERSION} (re-run precompute to rewrite the plan "
+                         f"expected {version} (re-run precompute to rewrite the plan "
                          f"in this format)")
     seal = manifest.get(MANIFEST_DIGEST_KEY)
     if not isinstance(seal, str) or seal != manifest_digest(manifest):
         what = "has no" if seal is None else "does not match its"
         raise ValueError(f"{m}: the manifest was edited or corrupted: its content {what} "
                          f"{MANIFEST_DIGEST_KEY} (re-run precompute --overwrite)")
+    return manifest, m
+
+
+def load_manifest(path) -> dict:
+    """The manifest of a plan directory; a clear ValueError when it is missing (an interrupted
+    write), unreadable, not a plan of a format this code reads, edited after it was written
+    (its seal ``manifest_sha256`` differs), or missing keys / of wrong types."""
+    manifest, m = read_sealed_manifest(path, FORMAT_NAME, FORMAT_VERSION)
     check_manifest_schema(manifest, m)
     return manifest
 
@@ -234,7 +250,8 @@ def _array_path(d: Path, name: str, info: dict, epoch: int) -> Path:
     return f
 
 
-def _open_array(f: Path, name: str, info: dict) -> np.ndarray:
+def _open_array(f: Path, name: str, info: dict, dtypes: Optional[dict] = None) -> np.ndarray:
+    dtypes = ARRAYS if dtypes is None else dtypes
     if not f.is_file():
         raise ValueError(f"{f}: array {name!r} is missing")
     n = int(info["shape"][0])
@@ -242,9 +259,9 @@ def _open_array(f: Path, name: str, info: dict) -> np.ndarray:
         dt = np.dtype(info["dtype"])
     except TypeError:
         raise ValueError(f"{f}: manifest dtype {_short(info['dtype'])} of {name!r} is not a "
-                         f"dtype, expected {ARRAYS[name]}") from None
-    if dt != np.dtype(ARRAYS[name]):
-        raise ValueError(f"{f}: manifest dtype {dt.str} of {name!r}, expected {ARRAYS[name]}")
+                         f"dtype, expected {dtypes[name]}") from None
+    if dt != np.dtype(dtypes[name]):
+        raise ValueError(f"{f}: manifest dtype {dt.str} of {name!r}, expected {dtypes[name]}")
     size, want = f.stat().st_size, HEADER_BYTES + n * dt.itemsize
     if size != want:
         raise ValueError(f"{f}: {size} bytes, expected {want} for {n} x {dt.str} (truncated or "

@@ -1,0 +1,247 @@
+"""Hybrid DP x CP plans on disk (issue #15): precomputed ahead of training, memory-mapped and
+checked on load, trained from by :class:`balancer.loader.HybridBatchSampler` (``plan=``).
+
+A hybrid plan directory has the fixed-CP store's shape and guarantees (atomic write, sealed
+manifest, paths confined to the directory, SHA-256 of every array, see :mod:`plan_store`) with
+its own format name ``balancer-hybrid-plan``, so neither loader reads the other's plans::
+
+    PLAN_DIR/manifest.json
+    PLAN_DIR/epoch-0000/step_rounds.npy    int64[S+1] rounds of step s: step_rounds[s:s+2]
+                        round_groups.npy   int64[R+1] groups of round r (CSR)
+                        group_offset.npy   int64[G]   first pool rank of every group
+                        group_size.npy     int64[G]   ranks of every group (aligned power of 2)
+                        group_entries.npy  int64[G+1] entries of every group (CSR)
+                        entry_item.npy     int64[E]   item of every entry
+                        entry_owner.npy    int64[E]   -1: zigzag-sharded over the group, else
+                                                      the member holding it whole
+                        item_doc.npy       int64[I]   sample id of every item
+                        item_start.npy     int64[I]   token offset in the sample (cut pieces)
+                        item_length.npy    int64[I]   tokens of every item
+
+The manifest records the layout (``cp_mode: hybrid``), the CP cost model's full spec, the
+strategy, seed, batch tokens, delay bound and over-limit policy the plan was made with, the
+dataset's fingerprint and size, and per epoch the arrays and a summary. The plan of an epoch is
+:func:`balancer.planning.hybrid_epoch.plan_hybrid_epoch` of those inputs, the one the sampler
+computes itself, so training from the store or without it gives the same batches.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from packing.hybrid_cp import HybridPlan
+
+from ..config import Layout
+from ..cost.cp import CPCostModel
+from ..planning.hybrid_epoch import plan_hybrid_epoch
+from ..samples import SampleTable
+from .atomic import PlanDirWriter
+from .files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
+                    epoch_dirname, file_digest)
+from .load import (_HEX64, _Schema, _array_path, _epoch_entry, _epoch_path, _open_array,
+                   read_sealed_manifest, resolve_plan_dir)
+
+#: what a plan was made with, besides layout, cost model and dataset (compared on load)
+PLANNED_WITH = ("strategy", "seed", "batch_tokens", "max_delay", "over_limit")
+
+
+def hybrid_header(layout: Layout, model: CPCostModel, samples: SampleTable, *, strategy: str,
+                  seed: int, batch_tokens: int, max_delay: int, over_limit: str) -> dict:
+    """The manifest fields shared by every epoch."""
+    if layout.cp_mode != "hybrid":
+        raise ValueError(f"a hybrid plan needs a layout with cp_mode='hybrid', got "
+                         f"{layout.cp_mode!r} (fixed-CP plans: precompute / save_plan)")
+    if layout.rank_capacity != model.rank_capacity:
+        raise ValueError(f"layout rank_capacity {layout.rank_capacity} differs from the cost "
+                         f"model's {model.rank_capacity}")
+    return {"format": HYBRID_FORMAT_NAME, "format_version": HYBRID_FORMAT_VERSION,
+            "layout": layout.model_dump(mode="json"),
+            "cost_model": model.model_dump(mode="json"),
+            "strategy": str(strategy), "seed": int(seed), "batch_tokens": int(batch_tokens),
+            "max_delay": int(max_delay), "over_limit": str(over_limit),
+            "dataset": {"fingerprint": samples.fingerprint(), "n_samples": len(samples),
+                        "total_tokens": int(samples.total_tokens)},
+            "cp_sharding": "zigzag-per-document"}
+
+
+def _summary(plan: HybridPlan) -> dict:
+    return {"steps": plan.n_steps, "rounds": plan.n_rounds,
+            "groups": int(plan.group_size.shape[0]), "entries": int(plan.entry_item.shape[0]),
+            "items": int(plan.item_doc.shape[0]), "tokens": int(plan.item_length.sum()),
+            "documents_cut": int(plan.documents_cut), "n_ranks": int(plan.n_ranks),
+            "rank_capacity": int(plan.rank_capacity)}
+
+
+def save_hybrid_plans(plans: dict, path, header: dict, *, overwrite: bool = False,
+                      extra: Optional[dict] = None) -> Path:
+    """Write ``{epoch: HybridPlan}`` (``item_doc`` sample ids) atomically to ``path`` with
+    the manifest fields ``header`` (:func:`hybrid_header`); returns the directory."""
+    if not plans:
+        raise ValueError("no plans to save")
+    w = PlanDirWriter(path, overwrite=overwrite)
+    try:
+        manifest = dict(header, epochs=[], extra=extra or {})
+        for epoch in sorted(plans):
+            plan, d = plans[epoch], w.epoch_dir(epoch)
+            info = {}
+            for name, dtype in HYBRID_ARRAYS.items():
+                app = ArrayAppender(d / f"{name}.npy", dtype)
+                app.append(getattr(plan, name))
+                info[name] = app.close()
+            manifest["epochs"].append({"epoch": int(epoch), "dir": epoch_dirname(epoch),
+                                       "arrays": info, "summary": _summary(plan)})
+        return w.commit(manifest)
+    except BaseException:
+        w.abort()
+        raise
+
+
+def precompute_hybrid(samples: SampleTable, model: CPCostModel, layout: Layout, out, *,
+                      strategy: str = "hybrid", seed: int = 0, epochs: int = 1,
+                      batch_tokens: Optional[int] = None, max_delay: int = 2,
+                      over_limit: str = "error", overwrite: bool = False,
+                      extra: Optional[dict] = None) -> Path:
+    """Plan ``epochs`` epochs of the pool ``dp x cp`` exactly as ``HybridBatchSampler`` with
+    the same arguments would, and write them to the plan directory ``out``."""
+    if epochs < 1:
+        raise ValueError(f"epochs {epochs} must be >= 1")
+    if layout.pp != 1:
+        raise ValueError(f"a hybrid plan covers one pipeline stage: pp {layout.pp} must be 1")
+    P = layout.dp * layout.cp
+    from ..planning.hybrid_eval import default_strategies
+    if strategy not in default_strategies(P):
+        raise ValueError(f"strategy {strategy!r} is not a hybrid-mode strategy of a pool of {P} "
+                         f"ranks (choose from {', '.join(default_strategies(P))})")
+    bt = int(batch_tokens or P * layout.microbatches * layout.rank_capacity)
+    header = hybrid_header(layout, model, samples, strategy=strategy, seed=seed,
+                           batch_tokens=bt, max_delay=max_delay, over_limit=over_limit)
+    plans = {e: plan_hybrid_epoch(samples.lengths, model, P, bt, strategy=strategy, seed=seed,
+                                  epoch=e, max_delay=max_delay, over_limit=over_limit)
+             for e in range(epochs)}
+    return save_hybrid_plans(plans, out, header, overwrite=overwrite, extra=extra)
+
+
+# ---- reading back ---------------------------------------------------------------------------
+def load_hybrid_manifest(path) -> dict:
+    """The sealed manifest of a hybrid plan directory, its keys and types checked (errors name
+    the key, its value and the type wanted)."""
+    manifest, m = read_sealed_manifest(path, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION)
+    sc = _Schema(m)
+    try:
+        Layout.model_validate(sc.get(manifest, "layout", "", dict))
+        CPCostModel.model_validate(sc.get(manifest, "cost_model", "", dict))
+    except ValueError as e:
+        sc.fail("layout / cost_model", f"is invalid: {e}")
+    for key, t in zip(PLANNED_WITH, (str, int, int, int, str)):
+        sc.get(manifest, key, "", t)
+    ds = sc.get(manifest, "dataset", "", dict)
+    sc.get(ds, "fingerprint", "dataset", str)
+    sc.get(ds, "n_samples", "dataset", int, minimum=0)
+    sc.get(ds, "total_tokens", "dataset", int, minimum=0)
+    for k, e in enumerate(sc.get(manifest, "epochs", "", list)):
+        w = f"epochs[{k}]"
+        if not isinstance(e, dict):
+            sc.fail(w, f"is {type(e).__name__}, expected dict")
+        sc.get(e, "epoch", w, int, minimum=0)
+        sc.get(e, "dir", w, str)
+        summ = sc.get(e, "summary", w, dict)
+        for key in ("steps", "rounds", "groups", "entries", "items", "tokens", "documents_cut",
+                    "n_ranks", "rank_capacity"):
+            sc.get(summ, key, f"{w}.summary", int, minimum=0)
+        arrays = sc.get(e, "arrays", w, dict)
+        for name in HYBRID_ARRAYS:
+            a = sc.get(arrays, name, f"{w}.arrays", dict)
+            sc.get(a, "file", f"{w}.arrays.{name}", str)
+            sc.get(a, "dtype", f"{w}.arrays.{name}", str)
+            if not _HEX64.fullmatch(sc.get(a, "sha256", f"{w}.arrays.{name}", str)):
+                sc.fail(f"{w}.arrays.{name}.sha256", "is not 64 hex digits")
+            shape = sc.get(a, "shape", f"{w}.arrays.{name}", list)
+            if len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 0:
+                sc.fail(f"{w}.arrays.{name}.shape", f"is {shape!r}, expected [n] with n >= 0")
+    return manifest
+
+
+def check_hybrid_compatible(manifest: dict, *, layout: Optional[Layout] = None,
+                            model: Optional[CPCostModel] = None,
+                            samples: Optional[SampleTable] = None, **planned) -> None:
+    """Refuse a stored hybrid plan made for another job, naming every difference: the layout
+    (a field left out of one dump counts as its default), the CP cost model, the dataset, and
+    ``planned`` values among :data:`PLANNED_WITH` (strategy, seed, batch_tokens, ...)."""
+    diffs = []
+    if layout is not None:
+        want, have = layout.model_dump(mode="json"), manifest["layout"]
+        defaults = {k: f.default for k, f in type(layout).model_fields.items()}
+        for k in sorted(set(want) | set(have)):
+            v, h = want.get(k, defaults.get(k)), have.get(k, defaults.get(k))
+            if v != h:
+                diffs.append(f"layout {k}: plan has {h!r}, the job has {v!r}")
+    if model is not None and model.model_dump(mode="json") != manifest["cost_model"]:
+        mine, theirs = model.model_dump(mode="json"), manifest["cost_model"]
+        keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        diffs.append(f"CP cost model differs in {', '.join(keys)}")
+    if samples is not None:
+        ds = manifest["dataset"]
+        if ds["n_samples"] != len(samples):
+            diffs.append(f"n_samples: plan has {ds['n_samples']}, the job's dataset has "
+                         f"{len(samples)}")
+        elif ds["fingerprint"] != samples.fingerprint():
+            diffs.append(f"dataset fingerprint: plan has {ds['fingerprint']}, the job's "
+                         f"dataset has {samples.fingerprint()} (other sample lengths)")
+    for k, v in planned.items():
+        if k not in PLANNED_WITH:
+            raise TypeError(f"unknown planning argument {k!r} (known: {PLANNED_WITH})")
+        if v is not None and manifest[k] != v:
+            diffs.append(f"{k}: plan has {manifest[k]!r}, the job has {v!r}")
+    if diffs:
+        raise ValueError("the hybrid plan does not match this job: " + "; ".join(diffs))
+
+
+def load_hybrid_plan(path, epoch: int = 0, *, lengths: Optional[np.ndarray] = None,
+                     verify: bool = True) -> tuple[HybridPlan, dict]:
+    """The stored plan of ``epoch`` (arrays memory-mapped read-only) and the manifest.
+    Checks paths, sizes, headers, the plan's structure (groups tile the pool in aligned
+    powers of two every round, every item exactly once, owners inside their groups, no rank
+    over its token limit in any round) and, with ``verify``, every array's SHA-256; with
+    ``lengths`` (int64[n], the job's samples) also that the items cover every sample's tokens
+    exactly once."""
+    path = resolve_plan_dir(path)
+    manifest = load_hybrid_manifest(path)
+    ent = _epoch_entry(manifest, epoch)
+    d = _epoch_path(path, ent, epoch)
+    infos = ent["arrays"]
+    files = {k: _array_path(d, k, infos[k], epoch) for k in HYBRID_ARRAYS}
+    a = {k: _open_array(files[k], k, infos[k], HYBRID_ARRAYS) for k in HYBRID_ARRAYS}
+    if verify:
+        names = [k for k in HYBRID_ARRAYS if a[k].size]
+        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
+            digests = dict(zip(names, ex.map(lambda k: file_digest(files[k]), names)))
+        for k in names:
+            if digests[k] != infos[k]["sha256"]:
+                raise ValueError(f"{files[k]}: SHA-256 of {k!r} differs from the manifest "
+                                 f"(the array was edited or corrupted)")
+    summ = ent["summary"]
+    plan = HybridPlan(**a, n_ranks=summ["n_ranks"], rank_capacity=summ["rank_capacity"],
+                      documents_cut=summ["documents_cut"])
+    from .hybrid_check import check_stored_hybrid
+    check_stored_hybrid(plan, manifest, summ, epoch, lengths)
+    return plan, manifest
+
+
+def hybrid_plan_source(path, *, layout: Optional[Layout] = None,
+                       model: Optional[CPCostModel] = None,
+                       samples: Optional[SampleTable] = None, verify: bool = True,
+                       **planned) -> Callable[[int], HybridPlan]:
+    """``epoch -> HybridPlan`` for ``HybridBatchSampler(plan=...)``: checks the manifest
+    against the job once, then loads (and checks) each epoch on demand."""
+    check_hybrid_compatible(load_hybrid_manifest(path), layout=layout, model=model,
+                            samples=samples, **planned)
+    lengths = None if samples is None else samples.lengths
+    return lambda epoch: load_hybrid_plan(path, epoch, lengths=lengths, verify=verify)[0]
+
+
+__all__ = ["PLANNED_WITH", "check_hybrid_compatible", "hybrid_header", "hybrid_plan_source",
+           "load_hybrid_manifest", "load_hybrid_plan", "precompute_hybrid", "save_hybrid_plans"]
