@@ -73,7 +73,10 @@ class HybridBatchSampler(Sampler):
     epoch)`` gives, cut into global batches of ``batch_tokens`` (default ``dp x cp x
     microbatches x rank_capacity``), each planned by ``strategy`` (``hybrid``,
     ``hybrid_stream``, ``megatron_hybrid`` or ``fixed_cp<c>``: a fixed CP baseline through the
-    same loader). ``rank`` defaults to the process group's rank. Every rank builds the same plan
+    same loader; ``megatron_hybrid`` bounds memory per document, as Megatron runs every
+    document of a group as its own forward/backward, so a rank's packed batch in a round may
+    hold more than ``rank_capacity`` tokens: a baseline to compare, not to train at the memory
+    limit). ``rank`` defaults to the process group's rank. Every rank builds the same plan
     from the same inputs; ``len()`` is the epoch's rounds, equal on every rank.
 
     ``plan`` trains from plans made ahead of time instead: a plan directory written by
