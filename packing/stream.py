@@ -443,7 +443,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     for now is read up to that many steps before its turn (its delay is recorded as minus the
     steps it was read early), so heavy samples can meet partners from both sides of their
     position. The loop is compiled (:mod:`packing.balanced`); a plain
-    numpy version of the same policy, step for step, is ``tests/naive_balanced.py``."""
+    numpy version of the same policy, step for step, is ``tests/naive/balanced.py``."""
     _check_common(sizes, dp, m, capacity, tail)
     if max_delay < 1:
         raise ValueError(f"max_delay {max_delay} must be >= 1: an item that does not fit its "
