@@ -26,15 +26,12 @@ import datetime
 import heapq
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 # ---- verl's balancing, re-implemented ---------------------------------------------------------
