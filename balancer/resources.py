@@ -23,6 +23,10 @@ def packaged(*parts: str) -> Path:
     return Path(str(resources.files("balancer").joinpath("data", *parts)))
 
 
+#: environment variable naming a preset root looked up before the checkout's and the package's
+CONFIG_DIR_ENV = "BALANCER_CONFIG_DIR"
+
+
 def _checkout_configs() -> Optional[Path]:
     d = _CHECKOUT / "configs"
     return d if d.is_dir() and (_CHECKOUT / "pyproject.toml").is_file() else None
@@ -32,7 +36,7 @@ def preset_dirs() -> list[Path]:
     """Preset roots in lookup order (each holds ``models/``, ``multimodal/``, ``workloads/``,
     ``layouts/``)."""
     out = []
-    env = os.environ.get("BALANCER_CONFIG_DIR")
+    env = os.environ.get(CONFIG_DIR_ENV)
     if env:
         out.append(Path(env))
     co = _checkout_configs()
@@ -46,7 +50,7 @@ def user_config_dir() -> Path:
     """Where new presets are written by default (calibration): ``$BALANCER_CONFIG_DIR``, the
     checkout's ``configs/``, or ``./configs`` outside a checkout (never inside the installed
     package)."""
-    env = os.environ.get("BALANCER_CONFIG_DIR")
+    env = os.environ.get(CONFIG_DIR_ENV)
     if env:
         return Path(env)
     return _checkout_configs() or Path.cwd() / "configs"

@@ -17,9 +17,12 @@ import numpy as np
 
 from .resources import packaged
 
+#: environment variable naming a folder of extra ``<name>_lengths.npy`` files (looked up first)
+WORKLOADS_ENV = "BALANCER_WORKLOADS"
+
 
 def _dirs() -> list[Path]:
-    env = os.environ.get("BALANCER_WORKLOADS")
+    env = os.environ.get(WORKLOADS_ENV)
     out = [Path(env)] if env else []
     return out + [packaged("workloads")]
 

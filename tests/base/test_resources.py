@@ -2,6 +2,7 @@
 bit for bit, and lookups that need no folder outside the package."""
 import filecmp
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ def test_real_workloads_ship_bit_for_bit(name):
 
 
 def test_workload_lookup_needs_no_outside_folder(monkeypatch, tmp_path):
-    monkeypatch.delenv("BALANCER_WORKLOADS", raising=False)
+    assert workloads.WORKLOADS_ENV not in os.environ  # tests/conftest.py removed it
     monkeypatch.setattr(resources, "_CHECKOUT", tmp_path)  # as if installed from a wheel
     assert set(workloads.REAL) <= set(workloads.available())
     assert workloads.load("wlbllm", n=10, seed=1).shape == (10,)
@@ -51,13 +52,13 @@ def test_workload_lookup_needs_no_outside_folder(monkeypatch, tmp_path):
 
 def test_extra_workload_folder_takes_precedence(monkeypatch, tmp_path):
     np.save(tmp_path / "mine_lengths.npy", np.array([5, 6, 7], np.int32))
-    monkeypatch.setenv("BALANCER_WORKLOADS", str(tmp_path))
+    monkeypatch.setenv(workloads.WORKLOADS_ENV, str(tmp_path))
     assert workloads.load("mine").tolist() == [5, 6, 7]
     assert "wlbllm" in workloads.available()
 
 
 def test_every_preset_loads_from_the_package_alone(monkeypatch, tmp_path):
-    monkeypatch.delenv("BALANCER_CONFIG_DIR", raising=False)
+    assert resources.CONFIG_DIR_ENV not in os.environ  # tests/conftest.py removed it
     monkeypatch.setattr(resources, "_CHECKOUT", tmp_path)  # no checkout configs/
     assert resources.preset_dirs() == [resources.packaged("configs")]
     names = available_presets()
@@ -77,5 +78,5 @@ def test_every_preset_loads_from_the_package_alone(monkeypatch, tmp_path):
 def test_config_dir_env_comes_first(monkeypatch, tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "llama-7b.yaml").write_text("name: mine\na: 1.0\nb: 2.0\n")
-    monkeypatch.setenv("BALANCER_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv(resources.CONFIG_DIR_ENV, str(tmp_path))
     assert resources.preset_path("llama-7b", "models") == tmp_path / "models" / "llama-7b.yaml"
