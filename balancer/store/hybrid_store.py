@@ -42,8 +42,9 @@ from ..samples import SampleTable
 from .atomic import PlanDirWriter
 from .files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
                     epoch_dirname, file_digest)
+from .hybrid_check import check_stored_hybrid
 from .load import (_HEX64, _Schema, _array_path, _epoch_entry, _epoch_path, _open_array,
-                   read_sealed_manifest, resolve_plan_dir)
+                   layout_differences, read_sealed_manifest, resolve_plan_dir)
 
 #: what a plan was made with, besides layout, cost model and dataset (compared on load)
 PLANNED_WITH = ("strategy", "seed", "batch_tokens", "max_delay", "over_limit")
@@ -173,12 +174,8 @@ def check_hybrid_compatible(manifest: dict, *, layout: Optional[Layout] = None,
     ``planned`` values among :data:`PLANNED_WITH` (strategy, seed, batch_tokens, ...)."""
     diffs = []
     if layout is not None:
-        want, have = layout.model_dump(mode="json"), manifest["layout"]
-        defaults = {k: f.default for k, f in type(layout).model_fields.items()}
-        for k in sorted(set(want) | set(have)):
-            v, h = want.get(k, defaults.get(k)), have.get(k, defaults.get(k))
-            if v != h:
-                diffs.append(f"layout {k}: plan has {h!r}, the job has {v!r}")
+        diffs += [f"layout {k}: plan has {h!r}, the job has {v!r}"
+                  for k, h, v in layout_differences(manifest["layout"], layout)]
     if model is not None and model.model_dump(mode="json") != manifest["cost_model"]:
         mine, theirs = model.model_dump(mode="json"), manifest["cost_model"]
         keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
@@ -226,7 +223,6 @@ def load_hybrid_plan(path, epoch: int = 0, *, lengths: Optional[np.ndarray] = No
     summ = ent["summary"]
     plan = HybridPlan(**a, n_ranks=summ["n_ranks"], rank_capacity=summ["rank_capacity"],
                       documents_cut=summ["documents_cut"])
-    from .hybrid_check import check_stored_hybrid
     check_stored_hybrid(plan, manifest, summ, epoch, lengths)
     return plan, manifest
 

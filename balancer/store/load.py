@@ -185,16 +185,8 @@ def check_compatible(manifest: dict, *, layout=None, dataset_fingerprint: Option
         diffs.append(f"format_version: plan has {manifest.get('format_version')!r}, "
                      f"expected {want_v}")
     if layout is not None:
-        want = layout.model_dump() if hasattr(layout, "model_dump") else dict(layout)
-        have = manifest.get("layout", {})
-        # both ways: a field left out of one side's dump at its default (``sync``, ``cp_mode``,
-        # ...) means the default there, so a plan made with another value is still refused
-        defaults = {k: f.default for k, f in type(layout).model_fields.items()} \
-            if hasattr(type(layout), "model_fields") else {}
-        for k in list(want) + [k for k in have if k not in want and k in defaults]:
-            v, h = want.get(k, defaults.get(k)), have.get(k, defaults.get(k))
-            if h != v:
-                diffs.append(f"layout {k}: plan has {k}={h!r}, the job has {k}={v!r}")
+        diffs += [f"layout {k}: plan has {k}={h!r}, the job has {k}={v!r}"
+                  for k, h, v in layout_differences(manifest.get("layout", {}), layout)]
     ds = manifest.get("dataset", {})
     if dataset_fingerprint is not None and ds.get("fingerprint") != dataset_fingerprint:
         diffs.append(f"dataset fingerprint: plan has {ds.get('fingerprint')!r}, the job's "
@@ -204,6 +196,22 @@ def check_compatible(manifest: dict, *, layout=None, dataset_fingerprint: Option
                      f"{int(n_samples)}")
     if diffs:
         raise ValueError("the plan does not match this job: " + "; ".join(diffs))
+
+
+def layout_differences(have: dict, layout) -> list[tuple]:
+    """``(field, plan's value, job's value)`` of every layout field that differs between a
+    stored layout dump ``have`` and the job's ``layout`` (a Layout or a mapping). Both ways: a
+    field left out of one side's dump at its default (``sync``, ``cp_mode``, ...) means the
+    default there, so a plan made with another value is still refused."""
+    want = layout.model_dump() if hasattr(layout, "model_dump") else dict(layout)
+    defaults = {k: f.default for k, f in type(layout).model_fields.items()} \
+        if hasattr(type(layout), "model_fields") else {}
+    out = []
+    for k in list(want) + [k for k in have if k not in want and k in defaults]:
+        v, h = want.get(k, defaults.get(k)), have.get(k, defaults.get(k))
+        if h != v:
+            out.append((k, h, v))
+    return out
 
 
 def _epoch_entry(manifest: dict, epoch: int) -> dict:
