@@ -28,6 +28,19 @@ def _size_for(time, tok, cap, d, h, ka_lo, ka_hi):
 
 
 @kernel
+def _fastest(time, tok, cap, d, ka_lo, ka_hi):
+    """Least per-rank time of document d over the group sizes it fits (0 and ka_lo..ka_hi);
+    inf if none."""
+    f = np.inf
+    if tok[d, 0] <= cap:
+        f = time[d, 0]
+    for k in range(ka_lo, ka_hi + 1):
+        if tok[d, k] <= cap and time[d, k] < f:
+            f = time[d, k]
+    return f
+
+
+@kernel
 def _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, out_k):
     """Best height of a round holding exactly the documents mem[:m] (each on the smallest group
     reaching the height; groups packed largest first, so any set with total size <= P fits):
@@ -38,12 +51,7 @@ def _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, out_k):
     lo = 0.0
     for i in range(m):  # no height below the slowest document's fastest time
         d = mem[i]
-        f = np.inf
-        if tok[d, 0] <= cap:
-            f = time[d, 0]
-        for k in range(ka_lo, ka_hi + 1):
-            if tok[d, k] <= cap and time[d, k] < f:
-                f = time[d, k]
+        f = _fastest(time, tok, cap, d, ka_lo, ka_hi)
         if f > lo:
             lo = f
     kk = np.empty(m, dtype=np.int64)
@@ -93,12 +101,7 @@ def _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, out_shelf):
     fast = np.empty(nz)
     for zi in range(nz):
         d = zs[zi]
-        f = np.inf
-        if tok[d, 0] <= cap:
-            f = time[d, 0]
-        for k in range(ka_lo, ka_hi + 1):
-            if tok[d, k] <= cap and time[d, k] < f:
-                f = time[d, k]
+        f = _fastest(time, tok, cap, d, ka_lo, ka_hi)
         fast[zi] = -f
     zo = np.argsort(fast, kind="mergesort")
     zsorted = zs[:nz][zo]
@@ -182,12 +185,7 @@ def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap,
     fluid = s_area
     for q in range(na_):
         d = order_a[q]
-        f = np.inf
-        if tok[d, 0] <= cap:
-            f = time[d, 0]
-        for k in range(ka_lo, ka_hi + 1):
-            if tok[d, k] <= cap and time[d, k] < f:
-                f = time[d, k]
+        f = _fastest(time, tok, cap, d, ka_lo, ka_hi)
         if f > H * (1 + _TOL) and nz < 32:
             zs[nz] = d
             nz += 1
