@@ -209,7 +209,10 @@ class PackedCollator:
             owner = cp_shard.choose_owners(lens, cp, self.cost, self.max_rank_tokens)
         out = pack_documents(docs, cp, cp_rank, owner, self.pad_token_id)
         out["sample_ids"] = np.asarray(list(ref), np.int64)
-        out["sample_starts"] = np.asarray(getattr(ref, "starts", np.zeros(len(docs), np.int64)))
+        # a copy: the ref's starts are a view of the plan (read-only, a memory map with a plan
+        # store), and a tensor over them would let an in-place write change the plan or crash
+        out["sample_starts"] = np.array(getattr(ref, "starts", np.zeros(len(docs), np.int64)),
+                                        np.int64)
         for k in _META:
             if hasattr(ref, k):
                 out[k] = getattr(ref, k)

@@ -83,6 +83,41 @@ def test_chunk_pieces_rebuild_samples_and_step_loss_tokens_add_up():
         assert sum(b["last_in_step"] for b in bs) == 2
 
 
+def test_batch_tensors_own_their_memory_so_in_place_writes_leave_the_plan_alone(tmp_path):
+    # batch["sample_starts"] used to alias the plan's read-only entry_start: torch warned, an
+    # in-place write changed the plan (the next pass fetched other tokens) and, with a plan
+    # store (a read-only memory map), crashed the process with SIGSEGV
+    import warnings
+    from balancer import plan_epoch
+    from balancer.store.plan_store import save_plan
+    L = np.random.default_rng(5).integers(5, 600, 120)  # over the capacity: cut, starts > 0
+    ds = FlatTokens.from_lengths(L, vocab=500, seed=2)
+    lay, cfg = Layout(dp=1, microbatches=2, capacity=256), PlannerConfig(seed=0, over_length="chunk")
+    table = SampleTable(L)
+    save_plan(plan_epoch(table, COST, lay, cfg, epoch=0), tmp_path / "plan",
+              lengths_fingerprint=table.fingerprint())
+    for kw in ({}, {"plan_dir": tmp_path / "plan"}):
+        s = PackedBatchSampler(table, COST, lay, cfg, dp_rank=0, **kw)
+        before = [(list(r), np.array(r.starts), np.array(r.lengths)) for r in s]
+        dl = torch.utils.data.DataLoader(PackedDataset(ds), batch_sampler=s,
+                                         collate_fn=PackedCollator())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's "NumPy array is not writable"
+            batches = list(dl)
+        assert any(b["sample_starts"].any() for b in batches)
+        for b in batches:
+            for k, v in b.items():
+                if isinstance(v, torch.Tensor):
+                    for arr in (s.plan.entry_start, s.plan.entry_length):
+                        assert not np.shares_memory(v.numpy(), np.asarray(arr)), k
+        if not kw:  # writing is safe only once nothing aliases: the in-memory plan
+            for b in batches:
+                b["sample_starts"].fill_(12345)
+            after = [(list(r), np.array(r.starts), np.array(r.lengths)) for r in s]
+            assert all(a[0] == b_[0] and np.array_equal(a[1], b_[1]) and
+                       np.array_equal(a[2], b_[2]) for a, b_ in zip(before, after))
+
+
 def test_hf_dataset_matches_in_memory_tokens():
     datasets = pytest.importorskip("datasets")
     L = np.random.default_rng(0).integers(1, 300, 80)
