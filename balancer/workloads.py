@@ -80,14 +80,40 @@ def _read(f: Path) -> np.ndarray:
     return np.load(f, allow_pickle=False).astype(np.int64)
 
 
+def read_npy(path) -> np.ndarray:
+    """The array of a ``.npy`` file, or a ``ValueError`` naming the file and what is wrong
+    (missing, not a file, not the .npy format or cut short, pickled objects): numpy's own
+    errors (``EOFError``, a message about pickles for a text file) name neither."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{p}: no such file")
+    if not p.is_file():
+        raise ValueError(f"{p}: not a file")
+    try:
+        with open(p, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise ValueError(f"{p}: not a .npy file (no NumPy header; "
+                                 f"{p.stat().st_size} bytes)")
+        return np.load(p, allow_pickle=False)
+    except ValueError as e:
+        if str(e).startswith(str(p)):
+            raise
+        if "allow_pickle" in str(e) or "pickled" in str(e):
+            raise ValueError(f"{p}: holds Python objects (pickled); save the lengths as an "
+                             f"integer array") from None
+        raise ValueError(f"{p}: not a .npy file or cut short ({e})") from None
+    except EOFError as e:
+        raise ValueError(f"{p}: not a .npy file or cut short ({e})") from None
+
+
 def load(name_or_path: str, n: int | None = None, seed: int = 0) -> np.ndarray:
     """Lengths of a workload (int64): a ``.npy`` path, a real workload name (``wikipedia``,
     ``wlbllm``, ``prolong``), or a synthetic name. ``n`` resamples (with replacement, seeded)
     or synthesises that many samples."""
     p = Path(name_or_path)
-    if p.suffix == ".npy" and p.is_file():
+    if p.suffix == ".npy":
         from packing.validate import as_sizes  # the one check of lengths (API and CLI alike)
-        arr = as_sizes(np.load(p, allow_pickle=False), source=str(p))
+        arr = as_sizes(read_npy(p), source=str(p))
     elif name_or_path in SYNTHETIC:
         return synthetic(name_or_path, n or 200_000, seed)
     else:
@@ -101,4 +127,4 @@ def load(name_or_path: str, n: int | None = None, seed: int = 0) -> np.ndarray:
     return arr
 
 
-__all__ = ["REAL", "SYNTHETIC", "available", "load", "synthetic"]
+__all__ = ["REAL", "SYNTHETIC", "available", "load", "read_npy", "synthetic"]

@@ -201,3 +201,44 @@ def test_calibrate_observations_errors_name_the_file(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1
     assert "obs.json: forward time of microbatch 1 is nan" in err
     assert not (tmp_path / "m.yaml").exists()
+
+
+# ---- a --lengths file that cannot be read: one line naming it, never a traceback ----------------
+def _obj_npy(p):
+    np.save(p, np.array([1, "a"], dtype=object), allow_pickle=True)
+
+
+BAD_FILES = [
+    ("missing", None, r"lengths\.npy: no such file"),
+    ("zero bytes", lambda p: p.write_bytes(b""), r"lengths\.npy: not a \.npy file"),
+    ("text", lambda p: p.write_text("hello\n"), r"lengths\.npy: not a \.npy file"),
+    ("truncated", lambda p: p.write_bytes(_npy_bytes(np.arange(1, 100))[:90]),
+     r"lengths\.npy: not a \.npy file"),
+    ("data cut short", lambda p: p.write_bytes(_npy_bytes(np.arange(1, 100))[:300]),
+     r"lengths\.npy: not a \.npy file or cut short"),
+    ("pickled objects", _obj_npy, r"lengths\.npy: .*object"),
+    ("a directory", lambda p: p.mkdir(), r"lengths\.npy: not a file"),
+]
+
+
+def _npy_bytes(arr) -> bytes:
+    import io
+    b = io.BytesIO()
+    np.save(b, arr)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("make,msg", [b[1:] for b in BAD_FILES], ids=[b[0] for b in BAD_FILES])
+def test_unreadable_lengths_file_is_one_line_naming_it(tmp_path, capsys, make, msg):
+    p = tmp_path / "lengths.npy"
+    if make is not None:
+        make(p)
+    for cmd in (["compare", "--strategies", "sequential"], ["report", "--out", str(tmp_path / "r")],
+                ["precompute", "--out", str(tmp_path / "plan"), "--no-progress"]):
+        rc, err = _cli(capsys, *cmd, "--lengths", str(p), "--capacity", "8192")
+        assert rc == 2, (cmd, err)
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        assert __import__("re").search(msg, err), err
+    from balancer import workloads
+    with pytest.raises(ValueError, match=msg):
+        workloads.load(str(p))
