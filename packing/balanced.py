@@ -132,6 +132,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     rank_of = np.empty(n_bins, dtype=np.int64)
     bin_pos = np.empty(n_bins, dtype=np.int64)
     rank_bins = np.empty(m, dtype=np.int64)
+    rank_fill = np.empty(dp, dtype=np.int64)
+    by_rank = np.empty(n_bins, dtype=np.int64)
     rank_cost = np.empty(m)
     rank_perm = np.empty(m, dtype=np.int64)
     mb_counts = np.empty(1024, dtype=np.int64)
@@ -415,13 +417,17 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         for b in range(n_bins):
             key[b] = -bin_cost[b]
         ob = np.argsort(key, kind="mergesort")
-        t = 0
+        # bins of every rank in ``ob`` order (a counting sort by rank; m bins per rank)
         for rr in range(dp):
-            t0 = t
-            for q in range(n_bins):
-                if rank_of[ob[q]] == rr:
-                    rank_bins[t - t0] = ob[q]
-                    t += 1
+            rank_fill[rr] = 0
+        for q in range(n_bins):
+            rr = rank_of[ob[q]]
+            by_rank[rr * m + rank_fill[rr]] = ob[q]
+            rank_fill[rr] += 1
+        for rr in range(dp):
+            t0 = rr * m
+            for q in range(m):
+                rank_bins[q] = by_rank[t0 + q]
             if pp > 1:  # a 1F1B-friendly order of the rank's microbatches
                 for q in range(m):
                     rank_cost[q] = bin_cost[rank_bins[q]]

@@ -168,6 +168,8 @@ def _priority_order(cls, cost, out):
         count[:] = 0
         for i in range(n):
             count[((ka[i] >> sh) & np.uint64(0x7FF)) + 1] += 1
+        if n and count[((ka[0] >> sh) & np.uint64(0x7FF)) + 1] == n:
+            continue  # every key has this digit (the sign and top exponent bits): no reorder
         for d in range(2048):
             count[d + 1] += count[d]
         for i in range(n):

@@ -463,6 +463,11 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         np.int64(lump_budget), np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
         np.int64(max_advance if lookahead else 0), float(delay_penalty), np.int64(pp), entry_item,
         entry_delay)
+    if rest.shape[0] == 0:  # the kernel emitted every item: no tail to finish, no re-split
+        offsets = np.zeros(mb_counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(mb_counts, out=offsets[1:])
+        return StreamPlan(entry_item[:ne], entry_delay[:ne], offsets, step_mbs,
+                          np.zeros(0, np.int64))
     builder = _Builder(n, dp)
     builder.entry_item, builder.entry_delay = entry_item, entry_delay
     builder.n = int(ne)

@@ -101,6 +101,9 @@ class StepPlanner:
     # ---- helpers ----------------------------------------------------------------------------
     def _check(self, offers: Offers, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lay = self.layout
+        n = len(offers)
+        if n and int(offers.length.min()) > 0 and int(sizes.max()) <= lay.capacity:
+            return np.arange(n, dtype=I64), np.zeros(0, I64)  # the common case, two reductions
         bad = np.flatnonzero(offers.length <= 0)
         if bad.size:
             k = int(bad[0])
@@ -136,15 +139,19 @@ class StepPlanner:
         n_mb = layout.dp * (int(sp.step_mbs[0]) if sp.step_mbs.shape[0] else 0)
         offs = sp.mb_offsets[:n_mb + 1].copy()
         entry = stream[sp.entry_item[:int(offs[-1])]]
-        placed = np.zeros(len(offers), bool)
-        placed[entry] = True
+        if entry.shape[0] == stream.shape[0]:  # every offer placed (entries are distinct)
+            rest = stream[:0]
+        else:
+            placed = np.zeros(len(offers), bool)
+            placed[entry] = True
+            rest = stream[~placed[stream]]
         cf, cb = self.cost.microbatch_constant
         if entry.shape[0]:
             f = np.add.reduceat(self._fwd[entry], offs[:-1]) + cf
             b = np.add.reduceat(self._bwd[entry], offs[:-1]) + cb
         else:
             f = b = np.zeros(0)
-        return entry, offs, f, b, stream[~placed[stream]]
+        return entry, offs, f, b, rest
 
     def _try(self, offers, stream, layout, config):
         """(slowest rank's cost, layout, plan arrays) when the plan places all of ``stream``
@@ -256,13 +263,14 @@ class StepPlanner:
 
     def _plan_auto(self, offers, stream, skipped, stats, t0):
         lay, cfg = self.layout, self.config
-        sizes = self._sizes[stream]
+        whole = stream is self._whole
+        sizes = self._sizes if whole else self._sizes[stream]
         total, k = int(sizes.sum()), stream.shape[0]
         m0 = max(self.min_microbatches, -(-total // (lay.dp * lay.capacity)))
         m_max = max(m0, -(-k // lay.dp))
         empty = np.zeros(0, I64)
         cf, cb = self.cost.microbatch_constant
-        costs = self._costs[stream]
+        costs = self._costs if whole else self._costs[stream]
         bound = max(float(costs.sum()) / lay.dp, float(costs.max())) + m0 * (cf + cb)
         # the configured strategy first; if no count of microbatches lets it place the whole
         # step (a near-full step it cannot bin-pack), FFD on tokens, which packs tighter
