@@ -197,8 +197,26 @@ def check_fixed_mode(layout: Layout, what: str) -> None:
 
 
 def load_yaml(path) -> dict:
-    with open(path) as f:
-        doc = yaml.safe_load(f) or {}
+    """The top-level mapping of a YAML config file (``yaml.safe_load``). A syntax error, a tag
+    safe_load refuses (``!!python/...``), bytes that are not UTF-8 or a document that is not a
+    mapping raise one ValueError line naming the file (and the line and column where known)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") \
+            from None
+    except yaml.constructor.ConstructorError as e:
+        raise ValueError(f"{path}: not plain YAML{_yaml_mark(e)}: {e.problem} (only plain YAML "
+                         f"is read, with yaml.safe_load; remove the tag)") from None
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{_yaml_mark(e)}: {problem}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     return doc
+
+
+def _yaml_mark(e) -> str:
+    m = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f" (line {m.line + 1}, column {m.column + 1})" if m is not None else ""

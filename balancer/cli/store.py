@@ -29,6 +29,7 @@ from ..config import Layout, PlannerConfig, load_yaml
 from ..cost.model import CostModel, load_cost_model
 from ..samples import SampleTable
 from ..frozen import FROZEN
+from ..resources import preset_names, preset_path
 
 
 class PrecomputeJob(BaseModel):
@@ -61,7 +62,8 @@ _flag_type = cli_args.flag_type  # one derivation of flags from config fields
 
 def _precompute_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", action="append", default=[],
-                   help="YAML file of config values (repeatable; flags override it)")
+                   help="YAML file of config values, or a shipped layout by name (dp8-pp4-cp2-7b, "
+                        "dp64-32k) (repeatable; flags override it)")
     cli_args.add_workload_args(p)
     have = {a.dest for a in p._actions}
     g = p.add_argument_group("planner (every PlannerConfig field)")
@@ -86,10 +88,24 @@ def _precompute_args(p: argparse.ArgumentParser) -> None:
             a.default = argparse.SUPPRESS
 
 
+def config_file(name_or_path: str) -> Path:
+    """A ``--config`` value: a YAML file, or the name of a shipped layout preset
+    (``configs/layouts/NAME.yaml``, package data, so an installed wheel finds it anywhere)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    found = None if p.exists() else preset_path(name_or_path, "layouts")
+    if found is None:
+        raise ValueError(f"--config {name_or_path}: no such file and not a shipped layout "
+                         f"(known: {', '.join(preset_names('layouts'))})")
+    return found
+
+
 def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerConfig, CostModel]:
     """Merge config files and flags into validated (job, layout, planner config, cost)."""
     values: dict = {}
-    for path in args.config:
+    for given_path in args.config:
+        path = config_file(given_path)
         doc = load_yaml(path)
         flat = {}
         for k, v in doc.items():

@@ -162,6 +162,45 @@ def test_cli_config_then_flags_then_inspect(samples, tmp_path, capsys):
     assert "unknown key 'capacty'" in capsys.readouterr().err
 
 
+def test_cli_config_takes_a_shipped_layout_by_name(tmp_path, capsys, monkeypatch):
+    # the README's --config configs/layouts/dp8-pp4-cp2-7b.yaml exists only in a clone; the
+    # layouts ship as package data, so a wheel installed anywhere takes them by name
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here
+    npy = tmp_path / "lengths.npy"
+    np.save(npy, lengths_with_outliers(3000, cap=131072))
+    out = tmp_path / "plan"
+    assert main(["precompute", "--config", "dp8-pp4-cp2-7b", "--lengths", str(npy),
+                 "--over-length", "chunk", "--out", str(out), "--no-progress"]) == 0
+    m = store.load_manifest(out)
+    assert (m["layout"]["dp"], m["layout"]["pp"], m["layout"]["cp"],
+            m["layout"]["microbatches"]) == (8, 4, 2, 4)
+    assert m["cost_model"]["name"] == "llama-7b"
+    capsys.readouterr()
+    assert main(["precompute", "--config", "no-such-layout", "--lengths", str(npy),
+                 "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--config no-such-layout" in err
+    assert "dp8-pp4-cp2-7b" in err and "dp64-32k" in err  # names the shipped layouts
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("layout: [1,\n", r"job\.yaml: not valid YAML \(line \d+, column \d+\)"),
+    ("layout:\n  dp: !!python/object:os.system x\n", r"job\.yaml: not plain YAML"),
+    ("- 1\n- 2\n", r"job\.yaml: .*mapping"),
+    ("\xff\xfe", r"job\.yaml"),
+])
+def test_cli_config_yaml_errors_are_one_line_naming_the_file(tmp_path, capsys, text, msg):
+    import re
+    cfg = tmp_path / "job.yaml"
+    cfg.write_bytes(text.encode("latin-1"))
+    npy = tmp_path / "lengths.npy"
+    np.save(npy, np.arange(1, 100))
+    assert main(["precompute", "--config", str(cfg), "--lengths", str(npy), "--capacity",
+                 "8192", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and re.search(msg, err), err
+
+
 def test_cli_dataset_sources(tmp_path):
     import datasets
     lengths = lengths_with_outliers(300, long_frac=0.0)
