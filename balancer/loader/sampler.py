@@ -21,6 +21,7 @@ ranks of one DP replica receive the same microbatches; the collator cuts the CP 
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, Optional, Union
 
@@ -154,6 +155,15 @@ class PackedBatchSampler(Sampler):
                                      f"x dp={lay.dp} x pp={lay.pp} = {expect}")
                 coords = rank_coordinates(dist.get_rank(), lay, tp)
             else:
+                launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+                if launched > 1 and lay.dp * lay.cp * lay.pp > 1:
+                    # every launched process would serve rank 0: the others' samples untrained
+                    raise ValueError(
+                        f"WORLD_SIZE={launched} (a launcher started {launched} processes) but "
+                        f"torch.distributed is not initialized, so this process's rank is "
+                        f"unknown: call torch.distributed.init_process_group() (or create the "
+                        f"Accelerator / TrainingArguments) before the sampler, or pass "
+                        f"dp_rank= (and cp_rank=, pp_rank=) or rank=")
                 coords = {"dp_rank": 0, "cp_rank": 0, "pp_rank": 0}
         for name, size in (("dp_rank", lay.dp), ("cp_rank", lay.cp), ("pp_rank", lay.pp)):
             v = coords.get(name, 0)

@@ -28,6 +28,28 @@ def triplets(refs):
     return [(s, int(a), int(b)) for r in refs for s, a, b in zip(r, r.starts, r.lengths)]
 
 
+def test_launched_processes_without_a_process_group_are_refused_not_all_rank_0(monkeypatch):
+    # under torchrun / accelerate launch (WORLD_SIZE > 1) a sampler built before
+    # init_process_group used to serve DP rank 0's microbatches in every process: the other
+    # ranks' samples were never trained, silently
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    L, lay = lengths(), Layout(dp=2, microbatches=2, capacity=1024)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=2.*not initialized.*dp_rank="):
+        PackedBatchSampler(SampleTable(L), COST, lay, PlannerConfig(over_length="chunk"))
+    # explicit ranks, and a one-rank layout (tensor parallelism only), need no process group
+    assert PackedBatchSampler(SampleTable(L), COST, lay, PlannerConfig(over_length="chunk"),
+                              dp_rank=1).dp_rank == 1
+    one = Layout(dp=1, microbatches=2, capacity=1024)
+    assert PackedBatchSampler(SampleTable(L), COST, one, PlannerConfig(over_length="chunk"),
+                              tp=2).dp_rank == 0
+    monkeypatch.delenv("WORLD_SIZE")  # one process, no launcher: rank 0 (simulation, tests)
+    assert PackedBatchSampler(SampleTable(L), COST, lay,
+                              PlannerConfig(over_length="chunk")).dp_rank == 0
+
+
 @pytest.mark.parametrize("strategy", ["balanced", "sequential"])
 def test_ranks_cover_plan_exactly_once_with_exact_len(strategy):
     L = lengths(hi=1500)
