@@ -1,0 +1,218 @@
+"""Step assembly shared by the whole-epoch planners of :mod:`packing.stream`: the CSR plan
+layout (:class:`StreamPlan`, built step by step by :class:`_Builder` into preallocated arrays),
+packing one step's items into exactly ``dp x m`` microbatches or the fewest that take them,
+ordering microbatches rank-major, and finishing the tail of an epoch (the last, short step).
+The layout itself is documented in :mod:`packing.stream`."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .partition import balanced_equal, lpt_equal
+from .pipeline import pipeline_order
+from .steppack import pack_step
+
+TAILS = ("partial", "carry", "drop")
+
+
+class StreamPlan(NamedTuple):
+    entry_item: np.ndarray
+    entry_delay: np.ndarray
+    mb_offsets: np.ndarray
+    step_mbs: np.ndarray
+    leftover: np.ndarray
+
+
+class _Builder:
+    """Appends steps into preallocated arrays (no per-step Python lists of entries)."""
+
+    def __init__(self, n_items: int, dp: int):
+        self.entry_item = np.empty(n_items, dtype=np.int64)
+        self.entry_delay = np.empty(n_items, dtype=np.int32)
+        self.n = 0
+        self.dp = dp
+        self.mb_counts: list[np.ndarray] = []
+        self.step_mbs: list[int] = []
+
+    def emit(self, items: np.ndarray, mb_counts: np.ndarray, delays: np.ndarray) -> None:
+        """``items`` grouped by microbatch in final (rank-major) order, ``mb_counts`` per
+        microbatch (length dp * m)."""
+        k = items.shape[0]
+        assert mb_counts.shape[0] % self.dp == 0 and (mb_counts > 0).all()
+        self.entry_item[self.n:self.n + k] = items
+        self.entry_delay[self.n:self.n + k] = delays
+        self.n += k
+        self.mb_counts.append(np.asarray(mb_counts, dtype=np.int64))
+        self.step_mbs.append(mb_counts.shape[0] // self.dp)
+
+    def pop(self):
+        """Remove the last step; returns its items and delays."""
+        counts = self.mb_counts.pop()
+        self.step_mbs.pop()
+        k = int(counts.sum())
+        self.n -= k
+        return self.entry_item[self.n:self.n + k].copy(), self.entry_delay[self.n:self.n + k].copy()
+
+    def finish(self, leftover: np.ndarray) -> StreamPlan:
+        counts = np.concatenate(self.mb_counts) if self.mb_counts else np.zeros(0, np.int64)
+        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return StreamPlan(self.entry_item[:self.n], self.entry_delay[:self.n], offsets,
+                          np.asarray(self.step_mbs, dtype=np.int64),
+                          np.asarray(leftover, dtype=np.int64))
+
+
+# --------------------------------------------------------------------------------------------
+# shared step assembly
+
+
+def _fill_empty_bins(bin_of, costs_k, bin_count):
+    """Give every empty bin one item: the cheapest item of any bin holding two or more. Only
+    needed when few items remain or one huge item made a rank skip its other microbatches."""
+    empty = np.flatnonzero(bin_count == 0)
+    for b in empty:
+        donors = bin_count[bin_of] >= 2
+        if not donors.any():  # callers guarantee at least one item per microbatch
+            raise AssertionError(f"{bin_of.shape[0]} items cannot fill {bin_count.shape[0]} "
+                                 f"microbatches")
+        cand = np.flatnonzero(donors)
+        k = cand[np.argmin(costs_k[cand])]
+        bin_count[bin_of[k]] -= 1
+        bin_of[k] = b
+        bin_count[b] += 1
+
+
+def _order_bins(bin_cost, dp: int, m: int, rank_units: bool, balance: bool,
+                pp: int = 1) -> np.ndarray:
+    """Final position of every bin: rank-major, microbatches of a rank by cost, descending
+    (then, with ``balance`` and pp > 1, in the 1F1B-friendly order of
+    :func:`packing.pipeline.pipeline_order`). With microbatch units the bins are first spread
+    over ranks (equal counts, balanced cost)."""
+    n_bins = dp * m
+    if rank_units or dp == 1:
+        rank = np.arange(n_bins) // m
+    elif balance:
+        rank = balanced_equal(bin_cost, dp)
+    else:
+        rank = lpt_equal(bin_cost, dp)
+    order = np.lexsort((-bin_cost, rank))  # by rank, then cost descending
+    if balance and pp > 1:
+        for r in range(dp):
+            sl = order[r * m:(r + 1) * m]
+            order[r * m:(r + 1) * m] = sl[pipeline_order(bin_cost[sl], pp)]
+    pos = np.empty(n_bins, dtype=np.int64)
+    pos[order] = np.arange(n_bins)
+    return pos
+
+
+def _assemble(items, bin_of, n_bins, pos_of_bin):
+    """Sort placed items by final microbatch position; returns (items, mb_counts)."""
+    key = pos_of_bin[bin_of]
+    o = np.argsort(key, kind="stable")
+    return items[o], np.bincount(key, minlength=n_bins), o
+
+
+def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
+    """Pack ``items`` (priority order) into exactly dp*m microbatches. Returns
+    (emitted items in final order, mb_counts, index into ``items`` of each emitted one,
+    index of the ones that did not fit)."""
+    if rank_units:
+        n_units, bpu = dp, m
+    else:
+        n_units, bpu = dp * m, 1
+    bin_of, _, bin_cost, bin_count = pack_step(items, sizes, costs, n_units, bpu, capacity)
+    placed = np.flatnonzero(bin_of >= 0)
+    rest = np.flatnonzero(bin_of < 0)
+    b = bin_of[placed]
+    if (bin_count == 0).any():
+        _fill_empty_bins(b, costs[items[placed]], bin_count)
+        bin_cost = np.bincount(b, weights=costs[items[placed]], minlength=dp * m)
+    pos = _order_bins(bin_cost, dp, m, rank_units, balance, pp)
+    out, counts, o = _assemble(items[placed], b, dp * m, pos)
+    return out, counts, placed[o], rest
+
+
+def _pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
+    """Pack ``items`` (priority order) into the fewest microbatches per rank, at most ``m_hi``,
+    that take all of them (from the token lower bound up), so a short final step gets only the
+    microbatches it needs; when even ``m_hi`` cannot take all, ``m_hi`` and the rest as
+    :func:`_pack_exact` returns it. Returns ``(mm, out, counts, idx, rest)``."""
+    need = -(-int(sizes[items].sum()) // (dp * capacity))
+    for mm in range(max(1, min(need, m_hi)), m_hi):
+        out, counts, idx, rest = _pack_exact(items, sizes, costs, dp, mm, capacity, rank_units,
+                                             balance, pp)
+        if rest.shape[0] == 0:
+            return mm, out, counts, idx, rest
+    return (m_hi,) + _pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance,
+                                 pp)
+
+
+def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail, rank_units,
+                 balance, pp=1):
+    """Emit the items left when the stream is exhausted; every rank keeps the same number of
+    microbatches, only as many as the items need (:func:`_pack_fewest`). Fewer items than DP
+    ranks are merged into the previous step (tail='partial') or returned as leftover ('carry',
+    'drop')."""
+    guard = 0
+    while pool.shape[0]:
+        mm = min(m, pool.shape[0] // dp)
+        if mm == 0:
+            if tail != "partial":
+                return pool
+            if not builder.step_mbs or guard > 4:
+                raise ValueError(
+                    f"{pool.shape[0]} items cannot be spread over {dp} DP ranks: every rank "
+                    f"needs at least one item per step; use tail='carry' or 'drop'"
+                )
+            guard += 1
+            # re-plan the previous step together with the tail: all in that step if it fits,
+            # else keep back the dp cheapest items for a final step of one microbatch per rank
+            prev_m = builder.step_mbs[-1]
+            prev, prev_delay = builder.pop()
+            pool = np.concatenate([prev, pool])
+            pool_delay = np.concatenate([prev_delay, pool_delay])
+            order = np.lexsort((-costs[pool], -pool_delay))
+            pool, pool_delay = pool[order], pool_delay[order]
+            out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
+                                                 rank_units, balance, pp)
+            if rest.shape[0] == 0:
+                builder.emit(out, counts, pool_delay[idx])
+                return np.zeros(0, np.int64)
+            cheap = np.argsort(costs[pool], kind="stable")[:dp]
+            keep = np.ones(pool.shape[0], bool)
+            keep[cheap] = False
+            body, body_delay = pool[keep], pool_delay[keep]
+            m1 = min(prev_m, body.shape[0] // dp)
+            if m1 == 0:
+                raise ValueError(
+                    f"the last {pool.shape[0]} items fit neither one step of {dp} ranks x "
+                    f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
+            out, counts, idx, rest = _pack_exact(body, sizes, costs, dp, m1, capacity,
+                                                 rank_units, balance, pp)
+            builder.emit(out, counts, body_delay[idx])
+            pool = np.concatenate([body[rest], pool[~keep]])
+            pool_delay = np.concatenate([body_delay[rest], pool_delay[~keep]]) + 1
+            continue
+        order = np.lexsort((-costs[pool], -pool_delay))
+        pool, pool_delay = pool[order], pool_delay[order]
+        _, out, counts, idx, rest = _pack_fewest(pool, sizes, costs, dp, mm, capacity,
+                                                 rank_units, balance, pp)
+        builder.emit(out, counts, pool_delay[idx])
+        pool, pool_delay = pool[rest], pool_delay[rest] + 1
+    return np.zeros(0, np.int64)
+
+
+def _check_common(sizes, dp, m, capacity, tail):
+    if tail not in TAILS:
+        raise ValueError(f"tail policy {tail!r} is not one of {TAILS}")
+    if dp <= 0 or m <= 0:
+        raise ValueError(f"dp ({dp}) and microbatches ({m}) must be positive")
+    if sizes.shape[0] < dp:
+        raise ValueError(
+            f"{sizes.shape[0]} samples cannot fill {dp} DP ranks: every rank needs at least one "
+            f"sample per step"
+        )
+    if sizes.shape[0] and int(sizes.max()) > capacity:
+        i = int(np.argmax(sizes))
+        raise ValueError(f"item {i}: size {int(sizes[i])} exceeds the capacity {capacity}")
