@@ -5,8 +5,8 @@ attention (a differentiable all-gather of K/V inside the group's gloo subgroup).
     ./dev python tools/train.py --cp-mode hybrid --world 4 --cp 2 --rank-capacity 512 --steps 6
     ./dev python tools/train_cp.py --cp-mode fixed ...     # fixed CP of degree --cp, same loader
 
-The pool is ``--world`` ranks (``dp = world / cp``). ``--cp-mode hybrid`` plans each global batch
-with :func:`balancer.hybrid.plan_hybrid`; ``--cp-mode fixed`` with the fixed-CP baseline
+The pool is ``--world`` ranks (``dp = world / cp``). ``--cp-mode hybrid`` plans with ``--strategy``
+(default the library's, ``hybrid_stream``: :func:`balancer.hybrid.plan_hybrid_stream`); ``--cp-mode fixed`` with the fixed-CP baseline
 ``fixed_cp<cp>`` (documents longer than ``cp x rank_capacity`` cut), both through
 :class:`balancer.hybrid_loader.HybridBatchSampler`. Every rank creates every aligned group up
 front (:func:`balancer.hybrid_loader.aligned_groups`, the same ``new_group`` calls everywhere)
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from balancer.planning.hybrid_eval import HYBRID_DEFAULT_STRATEGY
 from tools.tiny_lm import add_model_args, token_loss_sum
 
 
@@ -169,7 +170,7 @@ def build_sampler(args, lengths, rank):
     layout = Layout(dp=dp, cp=args.cp, microbatches=args.microbatches,
                     capacity=args.cp * args.rank_capacity, cp_mode="hybrid",
                     rank_capacity=args.rank_capacity)
-    strategy = "hybrid" if args.cp_mode == "hybrid" else f"fixed_cp{args.cp}"
+    strategy = args.strategy if args.cp_mode == "hybrid" else f"fixed_cp{args.cp}"
     return HybridBatchSampler(SampleTable(lengths), demo_cost_model(args), layout,
                               strategy=strategy, seed=args.seed, rank=rank)
 
@@ -313,6 +314,10 @@ def add_cp_train_args(p) -> None:
                         "DDP trainer of tools/train.py (tools/train_cp.py --cp-mode fixed: fixed "
                         "CP of degree --cp through the hybrid loader)")
     g.add_argument("--cp", type=int, default=2, help="CP ranks per DP replica (pool = world)")
+    g.add_argument("--strategy", default=HYBRID_DEFAULT_STRATEGY,
+                   choices=("hybrid", "hybrid_stream", "megatron_hybrid"),
+                   help="the hybrid planner of --cp-mode hybrid (default: the library's, "
+                        f"{HYBRID_DEFAULT_STRATEGY})")
     g.add_argument("--rank-capacity", type=int, default=512,
                    help="tokens one rank holds per microbatch round")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")

@@ -22,7 +22,7 @@ _NOT_HYBRID = ("global_batch_samples", "window_samples", "tail", "max_advance", 
 def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load_samples) -> int:
     """``precompute --cp-mode hybrid``: the plans HybridBatchSampler trains from (``plan=``)."""
     from ..cost.cp import CPCostModel, CPHardware
-    from ..planning.hybrid_epoch import HYBRID_MAX_DELAY
+    from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, HYBRID_MAX_DELAY
     from ..store.hybrid_store import load_hybrid_manifest, precompute_hybrid
     given = [k for k in _NOT_HYBRID if k in vars(args)]
     if given:
@@ -45,7 +45,7 @@ def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load
     # values not given (flag or --config) take the hybrid sampler's defaults, so the stored
     # plan is the one HybridBatchSampler(...) with the same arguments plans
     given = config.model_fields_set
-    strategy = config.strategy if "strategy" in given else "hybrid"
+    strategy = config.strategy if "strategy" in given else HYBRID_DEFAULT_STRATEGY
     max_delay = config.max_delay if "max_delay" in given else HYBRID_MAX_DELAY
     print(f"precompute: {len(samples):,} samples, {samples.total_tokens:,} tokens | hybrid "
           f"DP x CP, pool {layout.dp} x {layout.cp} ranks, rank capacity "

@@ -43,7 +43,7 @@ from torch.utils.data import Sampler
 from .collate import FetchedMicrobatch, pack_documents
 from ..config import Layout
 from ..cost.cp import CPCostModel
-from ..planning.hybrid_epoch import HYBRID_MAX_DELAY, plan_hybrid_epoch
+from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, HYBRID_MAX_DELAY, plan_hybrid_epoch
 from ..samples import SampleTable
 
 
@@ -71,8 +71,10 @@ class HybridBatchSampler(Sampler):
     model's) and ``pp == 1``; the pool is ``dp x cp`` ranks. Each epoch is planned in the
     process that owns the sampler, in the order :func:`balancer.planner.epoch_order` ``(seed,
     epoch)`` gives, cut into global batches of ``batch_tokens`` (default ``dp x cp x
-    microbatches x rank_capacity``), each planned by ``strategy`` (``hybrid``,
-    ``hybrid_stream``, ``megatron_hybrid`` or ``fixed_cp<c>``: a fixed CP baseline through the
+    microbatches x rank_capacity``), each planned by ``strategy`` (default ``hybrid_stream``:
+    tall documents move at most ``max_delay`` steps to share tall rounds; ``hybrid``: every
+    global batch on its own, the default before; ``megatron_hybrid`` or ``fixed_cp<c>``: a
+    fixed CP baseline through the
     same loader; ``megatron_hybrid`` bounds memory per document, as Megatron runs every
     document of a group as its own forward/backward, so a rank's packed batch in a round may
     hold more than ``rank_capacity`` tokens: a baseline to compare, not to train at the memory
@@ -87,7 +89,7 @@ class HybridBatchSampler(Sampler):
     callable (``item_doc`` sample ids). The batches are the same as without it."""
 
     def __init__(self, samples: SampleTable, model: CPCostModel, layout: Layout, *,
-                 strategy: str = "hybrid", seed: int = 0, epoch: int = 0,
+                 strategy: str = HYBRID_DEFAULT_STRATEGY, seed: int = 0, epoch: int = 0,
                  rank: Optional[int] = None, batch_tokens: Optional[int] = None,
                  max_delay: int = HYBRID_MAX_DELAY, over_limit: str = "error",
                  plan: Optional[Union[str, Path, Callable]] = None):

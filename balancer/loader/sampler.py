@@ -72,6 +72,19 @@ def rank_coordinates(rank: int, layout: Layout, tp: int = 1) -> dict:
             "dp_rank": (r // layout.cp) % layout.dp, "pp_rank": r // (layout.cp * layout.dp)}
 
 
+def _epoch_number(epoch, what: str) -> int:
+    """``epoch`` as an int >= 0 (an integral float counts); anything else is an error, never
+    truncated."""
+    try:
+        e = int(epoch)
+        ok = e == epoch and e >= 0 and not isinstance(epoch, (bool, str))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{what}({epoch!r}): the epoch must be an integer >= 0")
+    return e
+
+
 class PackedBatchSampler(Sampler):
     """Yields this rank's :class:`MicrobatchRef` s of the plan, step by step.
 
@@ -91,6 +104,8 @@ class PackedBatchSampler(Sampler):
                  cp_rank: Optional[int] = None, pp_rank: Optional[int] = None, tp: int = 1,
                  seed: Optional[int] = None, epoch: int = 0, plan_dir=None,
                  verify_plan: bool = True):
+        if samples is not None and not hasattr(samples, "fingerprint"):
+            samples = SampleTable(samples)  # lengths as a list or array: the one validation
         if plan_dir is not None:
             if plan is not None:
                 raise ValueError("give plan= or plan_dir=, not both")
@@ -124,7 +139,7 @@ class PackedBatchSampler(Sampler):
         self._set_ranks(num_replicas, rank, dp_rank, cp_rank, pp_rank, tp)
         self._carry: dict[int, Optional[Items]] = {0: None}
         self._plan: Optional[Plan] = None
-        self.epoch = int(epoch)
+        self.epoch = _epoch_number(epoch, "PackedBatchSampler(epoch=...)")
         self._position = 0  # microbatches of this epoch handed out (where a checkpoint resumes)
         self._next = 0  # where the next pass (iteration) starts
         self._generation = 0  # bumped when set_epoch / load_state_dict move the sampler
@@ -260,7 +275,7 @@ class PackedBatchSampler(Sampler):
         when that epoch is unfinished (its remaining microbatches would be skipped) or when the
         move goes back. A ``set_epoch`` made before a StatefulDataLoader restores the sampler
         (it does so lazily, at ``iter(loader)``) is applied after the restore."""
-        epoch = int(epoch)
+        epoch = _epoch_number(epoch, "set_epoch")
         self._select(epoch)
         self._asked = epoch
 
@@ -411,6 +426,9 @@ class PackedBatchSampler(Sampler):
         """Resume at ``state``; refuses a different layout, seed, dataset or plan. The next
         pass yields the rest of the checkpoint's epoch (nothing when it had ended); see
         :meth:`set_epoch` for moving on."""
+        if not isinstance(state, dict):
+            raise ValueError(f"load_state_dict takes the dict of state_dict(), got "
+                             f"{type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"sampler state version {state.get('version')!r} is not "
                              f"{STATE_VERSION}")

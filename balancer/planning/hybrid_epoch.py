@@ -15,7 +15,7 @@ import numpy as np
 from packing.hybrid_cp import HybridPlan
 
 from ..cost.cp import CPCostModel
-from .hybrid_eval import check_pool_limit, plan_strategy
+from .hybrid_eval import HYBRID_DEFAULT_STRATEGY, check_pool_limit, plan_strategy
 from .planner import epoch_order
 
 #: steps a document may move from its global batch (hybrid_stream), the hybrid loader's default
@@ -23,7 +23,7 @@ HYBRID_MAX_DELAY = 2
 
 
 def plan_hybrid_epoch(lengths: np.ndarray, model: CPCostModel, n_ranks: int, batch_tokens: int,
-                      *, strategy: str = "hybrid", seed: int = 0, epoch: int = 0,
+                      *, strategy: str = HYBRID_DEFAULT_STRATEGY, seed: int = 0, epoch: int = 0,
                       max_delay: int = HYBRID_MAX_DELAY, over_limit: str = "error") -> HybridPlan:
     """The plan of epoch ``epoch`` over a pool of ``n_ranks`` ranks.
 
@@ -44,4 +44,4 @@ def plan_hybrid_epoch(lengths: np.ndarray, model: CPCostModel, n_ranks: int, bat
     return plan
 
 
-__all__ = ["HYBRID_MAX_DELAY", "plan_hybrid_epoch"]
+__all__ = ["HYBRID_DEFAULT_STRATEGY", "HYBRID_MAX_DELAY", "plan_hybrid_epoch"]

@@ -11,7 +11,9 @@ fixed CP at every degree that tiles the pool). Written under the output folder:
   cost model's figures, and per strategy: ``documents_cut``, ``exposed_comm_fraction``,
   ``est_step_time_total`` (seconds per GPU, barrier per round), the no-cut lower bound and its
   ratio, per-rank compute and exposed seconds, the group-size histogram, planning time; plus
-  ``baselines``: ``hybrid``'s estimated step time over every other strategy's;
+  ``baselines``: ``hybrid``'s estimated step time over every other strategy's, and
+  ``baselines_default`` the same for ``default_strategy`` (what cp_mode hybrid plans with when
+  no strategy is named: ``hybrid_stream``);
 * ``report.md``: the same as tables;
 * ``hybrid_rank_time.png`` (per-rank compute vs exposed exchange of ``hybrid``, Megatron's rule
   and the no-cut fixed degree), ``hybrid_group_sizes.png`` (group-size histogram),
@@ -56,6 +58,7 @@ def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: 
                           "kv_bytes_per_token": model.kv_bytes_per_token(), "pp": model.pp},
         "est_step_time_unit": "seconds per GPU (CP cost model, barrier per round)",
         "no_cut_fixed": res["no_cut_fixed"], "best_fixed": res["best_fixed"],
+        "default_strategy": res["default_strategy"],
         "strategies": res["strategies"],
     }
     valid = {n: b for n, b in res["strategies"].items() if b.get("valid")}
@@ -63,6 +66,11 @@ def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: 
         t = valid["hybrid"]["est_step_time_total"]
         report["baselines"] = {n: t / b["est_step_time_total"] for n, b in valid.items()
                                if n != "hybrid" and b["est_step_time_total"] > 0}
+    d = res["default_strategy"]
+    if d in valid:
+        t = valid[d]["est_step_time_total"]
+        report["baselines_default"] = {n: t / b["est_step_time_total"] for n, b in valid.items()
+                                       if n != d and b["est_step_time_total"] > 0}
     return report, details, plans
 
 
@@ -98,6 +106,11 @@ def render_md(report: dict) -> str:
         out += ["", "## hybrid against the baselines", "",
                 "| baseline | hybrid est. step time / baseline's |", "|---|---|"]
         out += [f"| {n} | {r:.3f} |" for n, r in report["baselines"].items()]
+    d = report.get("default_strategy")
+    if report.get("baselines_default") and d != "hybrid":
+        out += ["", f"## {d} (the default planner) against the others", "",
+                f"| strategy | {d} est. step time / strategy's |", "|---|---|"]
+        out += [f"| {n} | {r:.3f} |" for n, r in report["baselines_default"].items()]
     out += ["", "## Per-rank compute vs exposed communication (seconds over the epoch)", "",
             "| strategy | compute min | compute max | exposed min | exposed max | exposed total "
             "/ busy |", "|---|---|---|---|---|---|"]

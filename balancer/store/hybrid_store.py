@@ -37,7 +37,7 @@ from packing.hybrid_cp import HybridPlan
 
 from ..config import Layout
 from ..cost.cp import CPCostModel
-from ..planning.hybrid_epoch import plan_hybrid_epoch
+from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, plan_hybrid_epoch
 from ..samples import SampleTable
 from .atomic import PlanDirWriter
 from .files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
@@ -102,7 +102,7 @@ def save_hybrid_plans(plans: dict, path, header: dict, *, overwrite: bool = Fals
 
 
 def precompute_hybrid(samples: SampleTable, model: CPCostModel, layout: Layout, out, *,
-                      strategy: str = "hybrid", seed: int = 0, epochs: int = 1,
+                      strategy: str = HYBRID_DEFAULT_STRATEGY, seed: int = 0, epochs: int = 1,
                       batch_tokens: Optional[int] = None, max_delay: int = 2,
                       over_limit: str = "error", overwrite: bool = False,
                       extra: Optional[dict] = None) -> Path:

@@ -153,7 +153,8 @@ def _fetch(ds, ref):
 
 @settings(max_examples=25, deadline=None)
 @given(P=st.sampled_from([1, 2, 4, 8]), seed=st.integers(0, 2 ** 16),
-       strategy=st.sampled_from(["hybrid", "megatron_hybrid", "fixed_cp1", "fixed_cp2"]),
+       strategy=st.sampled_from(["hybrid", "hybrid_stream", "megatron_hybrid", "fixed_cp1",
+                                 "fixed_cp2"]),
        rounds=st.integers(1, 3))
 def test_every_rank_of_any_pool_gets_each_token_once_in_process(P, seed, strategy, rounds):
     """The loader's contract without processes: over every rank of the pool, every token of
@@ -167,7 +168,7 @@ def test_every_rank_of_any_pool_gets_each_token_once_in_process(P, seed, strateg
     big = P * cap if strategy != "fixed_cp1" else cap * 3
     lengths = np.where(rng.random(n) < 0.15, rng.integers(cap + 1, max(cap + 2, big), n),
                        rng.integers(1, cap // 2, n)).astype(np.int64)
-    if strategy in ("hybrid", "megatron_hybrid"):
+    if strategy in ("hybrid", "hybrid_stream", "megatron_hybrid"):
         lengths = np.minimum(lengths, P * (cap - cap % 2))
     model = CPCostModel.from_preset("llama-7b", cap)
     layout = Layout(dp=P, cp=1, microbatches=rounds, capacity=cap, cp_mode="hybrid",

@@ -50,6 +50,27 @@ def test_launched_processes_without_a_process_group_are_refused_not_all_rank_0(m
                               PlannerConfig(over_length="chunk")).dp_rank == 0
 
 
+def test_lengths_as_a_list_or_array_and_bad_epochs_or_states_are_clear():
+    L, lay, cfg = lengths(), Layout(dp=2, microbatches=2, capacity=1024), \
+        PlannerConfig(over_length="chunk")
+    ref = [list(r) for r in PackedBatchSampler(SampleTable(L), COST, lay, cfg, dp_rank=1)]
+    for given in (L, L.tolist(), L.astype(np.int32)):  # was AttributeError: no 'lengths'
+        s = PackedBatchSampler(given, COST, lay, cfg, dp_rank=1)
+        assert [list(r) for r in s] == ref
+    with pytest.raises(ValueError, match=r"sample 1: length -2 is not positive"):
+        PackedBatchSampler([3, -2, 4, 5], COST, lay, cfg, dp_rank=0)
+    s = PackedBatchSampler(SampleTable(L), COST, lay, cfg, dp_rank=0)
+    for bad in (1.5, -1, "x", None):  # 1.5 was truncated to epoch 1, -1 planned, silently
+        with pytest.raises(ValueError, match=r"set_epoch\(.*\): the epoch must be an integer >= 0"):
+            s.set_epoch(bad)
+    s.set_epoch(np.int64(1))
+    s.set_epoch(2.0)  # an integral float (a trainer's float epoch counter) is that epoch
+    assert s.epoch == 2
+    for bad in (None, [1], "state"):
+        with pytest.raises(ValueError, match=r"load_state_dict takes the dict of state_dict\(\)"):
+            s.load_state_dict(bad)
+
+
 @pytest.mark.parametrize("strategy", ["balanced", "sequential"])
 def test_ranks_cover_plan_exactly_once_with_exact_len(strategy):
     L = lengths(hi=1500)

@@ -12,6 +12,7 @@ import pytest
 from balancer.config import Layout
 from balancer.cost.cp import CPCostModel
 from balancer.loader.hybrid import HybridBatchSampler
+from balancer.planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY
 from balancer.samples import SampleTable
 from balancer.store import plan_store
 from balancer.store.files import MANIFEST
@@ -89,13 +90,33 @@ def test_resume_from_a_stored_plan_is_exact(tmp_path):
     (dict(model=MODEL.with_hardware(overlap=0.5)), r"CP cost model differs in hardware"),
 ])
 def test_a_plan_made_for_another_job_is_refused_by_name(tmp_path, change, msg):
-    out = precompute_hybrid(SAMPLES, MODEL, LAYOUT, tmp_path / "plan", seed=7)
+    out = precompute_hybrid(SAMPLES, MODEL, LAYOUT, tmp_path / "plan", strategy="hybrid", seed=7)
     kw = dict(samples=SAMPLES, model=MODEL, layout=LAYOUT, strategy="hybrid", seed=7,
               rank=0, max_delay=2)
     kw.update(change)
     samples, model, layout = kw.pop("samples"), kw.pop("model"), kw.pop("layout")
     with pytest.raises(ValueError, match=msg):
         HybridBatchSampler(samples, model, layout, plan=out, **kw)
+
+
+def test_default_strategy_change_old_plans(tmp_path):
+    """The default of cp_mode hybrid is hybrid_stream (sampler and store agree); a plan stored
+    with the old default ``hybrid`` still trains when the job names it, and is refused, naming
+    the strategy, when the job takes the default."""
+    assert HYBRID_DEFAULT_STRATEGY == "hybrid_stream"
+    new = precompute_hybrid(SAMPLES, MODEL, LAYOUT, tmp_path / "new", seed=7)
+    assert json.loads((new / MANIFEST).read_text())["strategy"] == "hybrid_stream"
+    own = HybridBatchSampler(SAMPLES, MODEL, LAYOUT, seed=7, rank=0)
+    assert own.strategy == "hybrid_stream"
+    assert refs(HybridBatchSampler(SAMPLES, MODEL, LAYOUT, seed=7, rank=0, plan=new)) == refs(own)
+    old = precompute_hybrid(SAMPLES, MODEL, LAYOUT, tmp_path / "old", strategy="hybrid", seed=7)
+    named = HybridBatchSampler(SAMPLES, MODEL, LAYOUT, strategy="hybrid", seed=7, rank=0,
+                               plan=old)
+    assert refs(named) == refs(HybridBatchSampler(SAMPLES, MODEL, LAYOUT, strategy="hybrid",
+                                                  seed=7, rank=0))
+    with pytest.raises(ValueError, match=r"strategy: plan has 'hybrid', the job has "
+                                         r"'hybrid_stream'"):
+        HybridBatchSampler(SAMPLES, MODEL, LAYOUT, seed=7, rank=0, plan=old)
 
 
 def _rewrite(out, name, fn, epoch=0, reseal=True, summary=None):
