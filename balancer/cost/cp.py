@@ -41,7 +41,6 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from packing.validate import MAX_LENGTH, as_sizes
 
 from .model import CostModel, ModelSpec, _part, load_cost_model, preset_path, read_yaml
-from ..zigzag import zigzag_attention
 from ..frozen import FROZEN, FROZEN_FINITE
 
 _FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
@@ -49,6 +48,14 @@ _FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
 MAX_POOL = 2 ** 16
 #: documents per vectorised block of :meth:`CPCostModel.table` (bounds its scratch memory)
 _BLOCK = 1 << 15
+
+
+def _max_shares(lengths: np.ndarray, sizes: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """float64[n, k]: the busiest zigzag rank's share of each document's attention pairs on
+    each group size (``zigzag_attention(lengths, g).max(axis=1) / pairs``, in one compiled
+    pass; imported here so that importing the cost model compiles nothing)."""
+    from packing.zigzag_work import zigzag_max_pairs
+    return zigzag_max_pairs(lengths, sizes) / pairs[:, None]
 
 
 def _is_pow2(v: int) -> bool:
@@ -235,6 +242,7 @@ class CPCostModel(BaseModel):
         expo = np.zeros((n, k))
         tok = np.empty((n, k), dtype=np.int64)
         work = att_f + att_b + lin + per_doc
+        shares = _max_shares(lengths, sizes, pairs)
         for j, g in enumerate(sizes.tolist()):
             if g == 1:
                 comp[:, 0] = work
@@ -242,7 +250,7 @@ class CPCostModel(BaseModel):
                 continue
             padded = -(-lengths // (2 * g)) * (2 * g)
             tok[:, j] = padded // g
-            share = zigzag_attention(lengths, g).max(axis=1) / pairs
+            share = shares[:, j]
             a_f, a_b = att_f * share, att_b * share
             comp[:, j] = a_f + a_b + lin * (padded / (g * lf)) + per_doc
             inside = g <= hw.gpus_per_node
@@ -268,11 +276,12 @@ class CPCostModel(BaseModel):
         kvb = self.kv_bytes_per_token()
         lf = lengths.astype(np.float64)
         pairs = lf * (lf + 1) / 2
+        shares = _max_shares(lengths, sizes, pairs)
         for j, g in enumerate(sizes.tolist()):
             if g == 1:
                 continue
             padded = -(-lengths // (2 * g)) * (2 * g)
-            share = zigzag_attention(lengths, g).max(axis=1) / pairs
+            share = shares[:, j]
             inside = g <= hw.gpus_per_node
             bw = hw.intra_node_bandwidth if inside else hw.inter_node_bandwidth
             lat[j] = (hw.intra_node_latency if inside else hw.inter_node_latency) * (g - 1) \
