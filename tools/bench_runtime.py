@@ -7,7 +7,9 @@
    mean, over a lower bound: max(mean, the dearest sample), and over a tighter one that also
    counts pigeonhole and capacity: ``tight_bound``), the largest microbatch in tokens
    against the capacity, microbatches per rank; and the same for a re-implementation of verl's
-   ``_balance_batch`` + ``rearrange_micro_batches`` on the same batch.
+   ``_balance_batch`` + ``rearrange_micro_batches`` on the same batch. ``--local-search``:
+   how far moving or swapping single samples of the slowest rank (capacity kept) lowers it
+   (JSON ``after_local_search_over_tight_bound``, ``steps_improved_by_local_search``).
 2. Real gloo collectives at ``--gloo-ranks`` (4) ranks with ``--samples`` samples per step in
    total, offered unequally (rank r holds a share proportional to r + 1): bytes and seconds per
    step of the offer all-gather, the all-to-all of the payload (token ids int64 + per-token
@@ -199,6 +201,63 @@ def tight_bound(cost, lengths, dp, n_mb, capacity):
                float(doc[top]) + rest * float((doc / lengths).min())) + n_mb * (cf + cb)
 
 
+def local_search(cost, lengths, mb, dp, n_mb, capacity, max_moves=10_000):
+    """How far simple local moves lower a plan's slowest rank (a check of the plan, not a
+    planner): repeatedly the best of (a) moving one sample of the slowest rank into a
+    microbatch of another rank with room for it, (b) swapping one of its samples with a cheaper
+    one of another rank, both microbatches staying within ``capacity``, taken while it lowers
+    the maximum of the two ranks involved below the slowest rank's cost. Returns (slowest rank
+    cost after, moves made); ``mb`` int64[n] microbatch of each sample, rank = mb // n_mb."""
+    doc = cost.doc_total(lengths)
+    mb = mb.copy()
+    mb_tok = np.bincount(mb, weights=lengths, minlength=dp * n_mb)
+    rank_cost = np.bincount(mb // n_mb, weights=doc, minlength=dp)
+    moves = 0
+    while moves < max_moves:
+        a = int(np.argmax(rank_cost))
+        top = rank_cost[a]
+        mine = np.flatnonzero(mb // n_mb == a)
+        best = (0.0, None)
+        for s in mine:
+            for b in range(dp):
+                if b == a or rank_cost[b] + doc[s] >= top:
+                    continue
+                room = np.flatnonzero(capacity - mb_tok[b * n_mb:(b + 1) * n_mb] >= lengths[s])
+                gain = top - max(rank_cost[b] + doc[s], top - doc[s])
+                if room.size and gain > best[0]:
+                    best = (gain, ("move", s, b * n_mb + int(room[0])))
+            others = np.flatnonzero((mb // n_mb != a) & (doc < doc[s]))
+            d = doc[s] - doc[others]
+            ok = rank_cost[mb[others] // n_mb] + d < top
+            ok &= mb_tok[mb[others]] - lengths[others] + lengths[s] <= capacity
+            ok &= mb_tok[mb[s]] - lengths[s] + lengths[others] <= capacity
+            if ok.any():
+                gains = top - np.maximum(rank_cost[mb[others] // n_mb] + d, top - d)
+                gains[~ok] = 0
+                k = int(np.argmax(gains))
+                if gains[k] > best[0]:
+                    best = (float(gains[k]), ("swap", s, int(others[k])))
+        if best[1] is None:
+            break
+        kind, s, x = best[1]
+        if kind == "swap":
+            t = x
+            x = mb[t]
+            mb_tok[x] += lengths[s] - lengths[t]
+            mb_tok[mb[s]] += lengths[t] - lengths[s]
+            rank_cost[x // n_mb] += doc[s] - doc[t]
+            rank_cost[mb[s] // n_mb] += doc[t] - doc[s]
+            mb[t] = mb[s]
+        else:
+            mb_tok[x] += lengths[s]
+            mb_tok[mb[s]] -= lengths[s]
+            rank_cost[x // n_mb] += doc[s]
+            rank_cost[mb[s] // n_mb] -= doc[s]
+        mb[s] = x
+        moves += 1
+    return float(rank_cost.max()), moves
+
+
 def metrics(cost, lengths, rank, mb, dp, n_mb, capacity):
     doc = cost.doc_total(lengths)
     cf, cb = cost.microbatch_constant
@@ -239,6 +298,13 @@ def plan_bench(args, cost, lengths_of_step, capacity):
                                       np.diff(plan.mb_offsets))
         m = metrics(cost, offers.length, dest, mb_of, dp, plan.microbatches, capacity)
         m["steps"] = 1 if plan.carried.size == 0 else 2
+        if args.local_search:
+            cf, cb = cost.microbatch_constant
+            top, moves = local_search(cost, offers.length, mb_of, dp, plan.microbatches,
+                                      capacity)
+            tb = tight_bound(cost, offers.length, dp, plan.microbatches, capacity)
+            m["after_local_search_over_tight_bound"] = (top + plan.microbatches * (cf + cb)) / tb
+            m["local_search_moves"] = moves
         rows["ours"].append(m)
         vr, vm, vn, vt = verl_balance(L, dp, capacity)
         t_verl.append(vt)
@@ -256,6 +322,15 @@ def plan_bench(args, cost, lengths_of_step, capacity):
         agg["samples_per_rank"] = [int(min(r["samples_per_rank"][0] for r in rs)),
                                    int(max(r["samples_per_rank"][1] for r in rs))]
         out[name] = agg
+    if args.local_search:
+        o = out["ours"]
+        o["after_local_search_over_tight_bound"] = float(np.median(
+            [r["after_local_search_over_tight_bound"] for r in rows["ours"]]))
+        o["worst_after_local_search_over_tight_bound"] = float(max(
+            r["after_local_search_over_tight_bound"] for r in rows["ours"]))
+        o["steps_improved_by_local_search"] = int(sum(
+            r["after_local_search_over_tight_bound"] < r["max_over_tight_bound"] * (1 - 1e-9)
+            for r in rows["ours"]))
     out["ours"]["plan_ms_median"] = 1e3 * float(np.median(t_ours))
     out["ours"]["plan_ms_max"] = 1e3 * float(np.max(t_ours))
     out["ours"]["all_in_one_step"] = all(r["steps"] == 1 for r in rows["ours"])
@@ -386,6 +461,9 @@ def main(argv=None):
     ap.add_argument("--workload-capacity", type=int, default=131072)
     ap.add_argument("--gloo-ranks", type=int, default=4)
     ap.add_argument("--gloo-steps", type=int, default=3)
+    ap.add_argument("--local-search", action="store_true",
+                    help="also run a moves + swaps local search on each of our plans (slowest "
+                         "rank, capacity kept) and report how far it lowers the slowest rank")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from balancer import load_cost_model, workloads
