@@ -196,13 +196,14 @@ def check_fixed_mode(layout: Layout, what: str) -> None:
                          f"plan_stream) for it, or cp_mode='fixed' for fixed CP")
 
 
-def load_yaml(path) -> dict:
-    """The top-level mapping of a YAML config file (``yaml.safe_load``). A syntax error, a tag
-    safe_load refuses (``!!python/...``), bytes that are not UTF-8 or a document that is not a
-    mapping raise one ValueError line naming the file (and the line and column where known)."""
+def load_yaml(path, what: str = "config file") -> dict:
+    """The top-level mapping of a YAML file (``yaml.safe_load``; the one reader of configs and
+    presets). A syntax error, a tag safe_load refuses (``!!python/...``), bytes that are not
+    UTF-8 or a document that is not a mapping raise one ValueError line naming the file (and the
+    line and column where known); ``what`` names the kind of file in the last message."""
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
+            doc = yaml.safe_load(f)
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") \
             from None
@@ -212,8 +213,10 @@ def load_yaml(path) -> dict:
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"{path}: not valid YAML{_yaml_mark(e)}: {problem}") from None
+    doc = {} if doc is None else doc
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        raise ValueError(f"{path}: a {what} must be a mapping at the top level, got "
+                         f"{type(doc).__name__}")
     return doc
 
 

@@ -20,11 +20,11 @@ from typing import Literal, Optional
 import math
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
+from ..config import load_yaml
 from .. import resources
 from ..zigzag import padded_lengths, zigzag_attention
 from ..frozen import FROZEN_FINITE
@@ -37,27 +37,9 @@ MAX_DIM = 2 ** 24
 
 
 def read_yaml(path, what: str = "file") -> dict:
-    """The top-level mapping of a YAML file read with ``yaml.safe_load``; a syntax error, a tag
-    that safe_load refuses (``!!python/...``) or a non-mapping document raise a one-line
-    ValueError naming the file, the line and the column."""
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f)
-    except yaml.constructor.ConstructorError as e:
-        raise ValueError(f"{path}: not plain YAML{_mark(e)}: {e.problem} (only plain YAML is "
-                         f"read, with yaml.safe_load; remove the tag)") from None
-    except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"{path}: not valid YAML{_mark(e)}: {problem}") from None
-    doc = {} if doc is None else doc
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: a {what} must be a mapping, got {type(doc).__name__}")
-    return doc
-
-
-def _mark(e) -> str:
-    m = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    return f" (line {m.line + 1}, column {m.column + 1})" if m is not None else ""
+    """:func:`balancer.config.load_yaml` (the one YAML reader; kept under this name for the
+    cost and multimodal presets)."""
+    return load_yaml(path, what)
 
 
 def one_line(e: ValidationError, names: Optional[dict] = None) -> str:

@@ -109,11 +109,13 @@ def test_pass_cost_refuses_non_finite_and_negative(value):
      r"memory\.bytes_per_token: .*finite"),
     ("forward: !!python/object/apply:os.system [echo hi]\n", r"not plain YAML .*python/object"),
     ("forward: {a: 1\nbackward: [\n", r"not valid YAML \(line \d+, column \d+\)"),
-    ("- 1\n- 2\n", r"must be a mapping"),
+    ("- 1\n- 2\n", r"a cost preset must be a mapping at the top level, got list"),
+    (b"forward: {b: 1}\nname: \xff\xfe\n", r"not a UTF-8 text file \(invalid start byte at "
+                                             r"byte 22\)"),  # was a UnicodeDecodeError traceback
 ])
 def test_cost_yaml_errors_are_one_line_naming_the_file(tmp_path, capsys, text, msg):
     p = tmp_path / "bad-model.yaml"
-    p.write_text(text)
+    p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
     with pytest.raises(ValueError, match=msg) as e:
         CostModel.from_yaml(p)
     assert str(e.value).startswith(str(p)) and "\n" not in str(e.value)
