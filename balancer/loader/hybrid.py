@@ -41,9 +41,11 @@ import torch
 from torch.utils.data import Sampler
 
 from .collate import FetchedMicrobatch, pack_documents
+from .sampler import epoch_number, refuse_launched_without_group
 from ..config import Layout
 from ..cost.cp import CPCostModel
 from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, HYBRID_MAX_DELAY, plan_hybrid_epoch
+from ..planning.hybrid_eval import default_strategies
 from ..samples import SampleTable
 
 
@@ -93,6 +95,8 @@ class HybridBatchSampler(Sampler):
                  rank: Optional[int] = None, batch_tokens: Optional[int] = None,
                  max_delay: int = HYBRID_MAX_DELAY, over_limit: str = "error",
                  plan: Optional[Union[str, Path, Callable]] = None):
+        if not hasattr(samples, "fingerprint"):
+            samples = SampleTable(samples)  # lengths as a list or array: the one validation
         if layout.cp_mode != "hybrid":
             raise ValueError(f"HybridBatchSampler needs a layout with cp_mode='hybrid', got "
                              f"{layout.cp_mode!r} (PackedBatchSampler serves fixed CP)")
@@ -105,17 +109,27 @@ class HybridBatchSampler(Sampler):
         self.samples, self.model, self.layout = samples, model, layout
         self.P = layout.dp * layout.cp
         if rank is None:
-            import torch.distributed as dist
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            rank = self._process_rank()
         if not 0 <= int(rank) < self.P:
             raise ValueError(f"rank {rank} is outside the pool 0..{self.P - 1} (dp {layout.dp} x "
                              f"cp {layout.cp})")
         self.rank = int(rank)
+        if strategy not in default_strategies(self.P):
+            raise ValueError(f"strategy {strategy!r} is not a hybrid-mode strategy of a pool of "
+                             f"{self.P} ranks (choose from "
+                             f"{', '.join(sorted(default_strategies(self.P)))})")
+        if over_limit not in ("error", "chunk"):
+            raise ValueError(f"over_limit must be 'error' or 'chunk', got {over_limit!r}")
+        if batch_tokens is not None and not int(batch_tokens) > 0:
+            raise ValueError(f"batch_tokens must be a positive number of tokens, got "
+                             f"{batch_tokens!r} (None: dp x cp x microbatches x rank_capacity)")
+        if int(max_delay) < 0:
+            raise ValueError(f"max_delay must be >= 0, got {max_delay!r}")
         self.strategy, self.seed, self.max_delay = strategy, int(seed), int(max_delay)
         self.over_limit = over_limit
         self.batch_tokens = int(batch_tokens or self.P * layout.microbatches
                                 * layout.rank_capacity)
-        self.epoch = int(epoch)
+        self.epoch = epoch_number(epoch, "HybridBatchSampler(epoch=...)")
         self._plan = None
         self._plan_epoch = None
         if isinstance(plan, (str, Path)):
@@ -129,8 +143,22 @@ class HybridBatchSampler(Sampler):
                             f"got {type(plan).__name__}")
         self._source = plan
 
+    def _process_rank(self) -> int:
+        """This process's rank in the pool from the process group (whose size must be the
+        pool's), or 0 for a single process; a launched process without a group is refused."""
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            world = dist.get_world_size()
+            if world != self.P:  # ranks past the group would never be served, or not exist
+                raise ValueError(f"process group has {world} ranks but the hybrid pool is dp "
+                                 f"{self.layout.dp} x cp {self.layout.cp} = {self.P}: pass "
+                                 f"rank= (this process's rank in the pool) or fix the layout")
+            return dist.get_rank()
+        refuse_launched_without_group(self.P, "rank=")
+        return 0
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        self.epoch = epoch_number(epoch, "set_epoch")
 
     @property
     def plan(self):
@@ -212,6 +240,9 @@ class HybridBatchSampler(Sampler):
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict`; a different layout, seed, strategy, budget or
         dataset is an error naming the key and both values."""
+        if not isinstance(state, dict):
+            raise ValueError(f"load_state_dict takes the dict of state_dict(), got "
+                             f"{type(state).__name__}")
         mine = self.state_dict()
         for k in ("version", "seed", "strategy", "layout", "n_samples", "dataset",
                   "batch_tokens"):

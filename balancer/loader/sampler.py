@@ -72,7 +72,20 @@ def rank_coordinates(rank: int, layout: Layout, tp: int = 1) -> dict:
             "dp_rank": (r // layout.cp) % layout.dp, "pp_rank": r // (layout.cp * layout.dp)}
 
 
-def _epoch_number(epoch, what: str) -> int:
+def refuse_launched_without_group(n_ranks: int, rank_args: str) -> None:
+    """A sampler of ``n_ranks > 1`` ranks asked for its rank with no process group: under a
+    launcher (``WORLD_SIZE > 1``) every process would serve rank 0 and the other ranks' samples
+    would never train, so that is an error naming the fix; a single process is rank 0."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and n_ranks > 1:
+        raise ValueError(
+            f"WORLD_SIZE={launched} (a launcher started {launched} processes) but "
+            f"torch.distributed is not initialized, so this process's rank is unknown: call "
+            f"torch.distributed.init_process_group() (or create the Accelerator / "
+            f"TrainingArguments) before the sampler, or pass {rank_args}")
+
+
+def epoch_number(epoch, what: str) -> int:
     """``epoch`` as an int >= 0 (an integral float counts); anything else is an error, never
     truncated."""
     try:
@@ -139,7 +152,7 @@ class PackedBatchSampler(Sampler):
         self._set_ranks(num_replicas, rank, dp_rank, cp_rank, pp_rank, tp)
         self._carry: dict[int, Optional[Items]] = {0: None}
         self._plan: Optional[Plan] = None
-        self.epoch = _epoch_number(epoch, "PackedBatchSampler(epoch=...)")
+        self.epoch = epoch_number(epoch, "PackedBatchSampler(epoch=...)")
         self._position = 0  # microbatches of this epoch handed out (where a checkpoint resumes)
         self._next = 0  # where the next pass (iteration) starts
         self._generation = 0  # bumped when set_epoch / load_state_dict move the sampler
@@ -170,15 +183,8 @@ class PackedBatchSampler(Sampler):
                                      f"x dp={lay.dp} x pp={lay.pp} = {expect}")
                 coords = rank_coordinates(dist.get_rank(), lay, tp)
             else:
-                launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
-                if launched > 1 and lay.dp * lay.cp * lay.pp > 1:
-                    # every launched process would serve rank 0: the others' samples untrained
-                    raise ValueError(
-                        f"WORLD_SIZE={launched} (a launcher started {launched} processes) but "
-                        f"torch.distributed is not initialized, so this process's rank is "
-                        f"unknown: call torch.distributed.init_process_group() (or create the "
-                        f"Accelerator / TrainingArguments) before the sampler, or pass "
-                        f"dp_rank= (and cp_rank=, pp_rank=) or rank=")
+                refuse_launched_without_group(lay.dp * lay.cp * lay.pp,
+                                              "dp_rank= (and cp_rank=, pp_rank=) or rank=")
                 coords = {"dp_rank": 0, "cp_rank": 0, "pp_rank": 0}
         for name, size in (("dp_rank", lay.dp), ("cp_rank", lay.cp), ("pp_rank", lay.pp)):
             v = coords.get(name, 0)
@@ -275,7 +281,7 @@ class PackedBatchSampler(Sampler):
         when that epoch is unfinished (its remaining microbatches would be skipped) or when the
         move goes back. A ``set_epoch`` made before a StatefulDataLoader restores the sampler
         (it does so lazily, at ``iter(loader)``) is applied after the restore."""
-        epoch = _epoch_number(epoch, "set_epoch")
+        epoch = epoch_number(epoch, "set_epoch")
         self._select(epoch)
         self._asked = epoch
 

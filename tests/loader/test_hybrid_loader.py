@@ -255,3 +255,77 @@ def test_sampler_names_the_over_long_sample_by_its_id():
                            Layout(dp=2, cp=2, capacity=2 * CAP, cp_mode="hybrid",
                                   rank_capacity=CAP), rank=0, over_limit="chunk")
     assert s.plan.documents_cut == 1 and int(s.plan.item_length.sum()) == int(lengths.sum())
+
+
+def test_bad_arguments_are_refused_at_construction_naming_the_value(monkeypatch):
+    """As PackedBatchSampler: lengths as a list or array are planned (was AttributeError); a
+    non-integral or negative epoch, an unknown strategy or over_limit, a budget <= 0, a negative
+    delay bound or a state that is not a dict are one clear error, not a silent plan."""
+    L = lengths_mixed()
+    model = CPCostModel.from_preset("llama-7b", CAP)
+    lay = Layout(dp=2, cp=2, microbatches=2, capacity=2 * CAP, cp_mode="hybrid",
+                 rank_capacity=CAP)
+    ref = [r.position for r in HybridBatchSampler(SampleTable(L), model, lay, rank=1)]
+    for given in (L, L.tolist(), L.astype(np.int32)):
+        s = HybridBatchSampler(given, model, lay, rank=1)
+        assert [r.position for r in s] == ref and s.plan.item_doc.shape[0] >= len(L)
+    with pytest.raises(ValueError, match=r"sample 1: length -2 is not positive"):
+        HybridBatchSampler([3, -2, 4, 5], model, lay, rank=0)
+    bad = [(dict(epoch=-1), r"epoch must be an integer >= 0"),
+           (dict(epoch=1.5), r"epoch must be an integer >= 0"),
+           (dict(strategy="bogus"), r"strategy 'bogus' is not a hybrid-mode strategy of a pool "
+                                    r"of 4 ranks \(choose from fixed_cp1, fixed_cp2, fixed_cp4, "
+                                    r"hybrid, hybrid_stream, megatron_hybrid\)"),
+           (dict(strategy="fixed_cp3"), r"strategy 'fixed_cp3' is not"),
+           (dict(over_limit="drop"), r"over_limit must be 'error' or 'chunk', got 'drop'"),
+           (dict(batch_tokens=0), r"batch_tokens must be a positive number of tokens, got 0"),
+           (dict(batch_tokens=-5), r"batch_tokens must be a positive number of tokens, got -5"),
+           (dict(max_delay=-1), r"max_delay must be >= 0, got -1")]
+    for kw, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            HybridBatchSampler(SampleTable(L), model, lay, rank=0, **kw)
+    s = HybridBatchSampler(SampleTable(L), model, lay, rank=0)
+    for e in (1.5, -1, "2", None):
+        with pytest.raises(ValueError, match=r"set_epoch\(.*\): the epoch must be an integer"):
+            s.set_epoch(e)
+    s.set_epoch(np.int64(1))
+    s.set_epoch(2.0)
+    assert s.epoch == 2
+    for st_ in (None, [1], "state"):
+        with pytest.raises(ValueError, match=r"load_state_dict takes the dict of state_dict\(\)"):
+            s.load_state_dict(st_)
+
+
+def test_launched_processes_without_a_process_group_are_refused(monkeypatch):
+    """Under a launcher (WORLD_SIZE > 1) with no process group and no rank given, every process
+    would serve rank 0 and the other ranks' documents would never train: refused, naming the
+    fix (as PackedBatchSampler). One process, or a pool of one rank, still defaults to rank 0."""
+    model = CPCostModel.from_preset("llama-7b", CAP)
+    lay = Layout(dp=2, cp=2, microbatches=2, capacity=2 * CAP, cp_mode="hybrid",
+                 rank_capacity=CAP)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=4 .* torch.distributed is not "
+                                         r"initialized.*pass rank="):
+        HybridBatchSampler(SampleTable(lengths_mixed()), model, lay)
+    assert HybridBatchSampler(SampleTable(lengths_mixed()), model, lay, rank=3).rank == 3
+    one = Layout(dp=1, cp=1, microbatches=2, capacity=CAP, cp_mode="hybrid", rank_capacity=CAP)
+    assert HybridBatchSampler(SampleTable(lengths_mixed() % CAP + 1), model, one).rank == 0
+    monkeypatch.delenv("WORLD_SIZE")
+    assert HybridBatchSampler(SampleTable(lengths_mixed()), model, lay).rank == 0
+
+
+def test_a_process_group_of_another_size_is_refused(tmp_path):
+    """rank taken from a process group whose size is not the pool's: ranks past the group would
+    never be served (their documents untrained), so it is an error naming both sizes."""
+    model = CPCostModel.from_preset("llama-7b", CAP)
+    lay = Layout(dp=2, cp=2, microbatches=2, capacity=2 * CAP, cp_mode="hybrid",
+                 rank_capacity=CAP)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"process group has 1 ranks but the hybrid pool is "
+                                             r"dp 2 x cp 2 = 4"):
+            HybridBatchSampler(SampleTable(lengths_mixed()), model, lay)
+        assert HybridBatchSampler(SampleTable(lengths_mixed()), model, lay, rank=2).rank == 2
+    finally:
+        dist.destroy_process_group()
