@@ -131,8 +131,12 @@ class Columns:
 
         smp = {}
         for name, vals in (sample_fields or {}).items():
-            smp[name] = vals if isinstance(vals, torch.Tensor) else torch.stack(
+            v = vals if isinstance(vals, torch.Tensor) else torch.stack(
                 [torch.as_tensor(v) for v in vals])
+            if v.dim() < 1 or v.shape[0] != len(seqs):
+                raise ValueError(f"sample field {name!r}: {v.shape[0] if v.dim() else 0} rows for "
+                                 f"{len(seqs)} samples (shape {tuple(v.shape)})")
+            smp[name] = v
         return cls(lengths, tok, smp)
 
     @classmethod

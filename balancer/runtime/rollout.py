@@ -19,6 +19,8 @@ Input (``batch``):
 * or a list of B one-dimensional token tensors, with ``extras`` mapping a name to a list of B
   per-token tensors or a [B, ...] per-sample tensor.
 
+``extras`` with a dict batch are more entries of that dict (a name it already has is an error).
+
 Output: :class:`RolloutMicrobatches` (``microbatches``: packed THD dicts with the collator's keys
 -- ``input_ids`` [T], ``position_ids``, ``cu_seqlens`` int32[N+1], ``max_seqlen``,
 ``num_loss_tokens``, ``step_loss_tokens``, ... -- plus ``source_rank``/``source_index`` int64[N]
@@ -104,6 +106,10 @@ def _columns(batch, extras, tokens_key, mask_key) -> tuple[Columns, Optional[tor
         if tokens_key not in batch:
             raise ValueError(f"a padded rollout batch needs {tokens_key!r} [B, S]")
         b = dict(batch)
+        for k, v in (extras or {}).items():  # more fields, checked like the batch's own
+            if k in b:
+                raise ValueError(f"extras[{k!r}] collides with the batch's own {k!r}")
+            b[k] = v
         if tokens_key != TOKENS:
             b[TOKENS] = b.pop(tokens_key)
         mask = b[mask_key]

@@ -139,3 +139,31 @@ def test_token_ids_must_be_integers():
     assert cols.token["input_ids"].dtype == torch.int64 and cols.lengths.tolist() == [3, 2]
     with pytest.raises(ValueError, match="input refused on rank 0: sample 0: token ids"):
         balance_rollout([torch.tensor([0.5])], CostModel.quadratic(64), 64)
+
+
+def test_extras_are_never_dropped_silently():
+    """extras= with a padded dict batch were ignored (the advantages never reached the
+    microbatches); now they travel like the dict's own fields. A per-sample extra with the wrong
+    number of rows, in either input, and a name that collides with the batch's are errors."""
+    cost = CostModel.quadratic(64)
+    ids = torch.arange(24).reshape(4, 6) % 7
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    adv = torch.tensor([0.5, -1.0, 2.0, 3.5])
+    r = balance_rollout({"input_ids": ids, "attention_mask": mask}, cost, 64,
+                        extras={"advantages": adv})
+    got = {int(i): float(a) for mb in r.microbatches
+           for i, a in zip(mb["source_index"].tolist(), mb["advantages"].tolist())}
+    assert got == {0: 0.5, 1: -1.0, 2: 2.0, 3: 3.5}
+    with pytest.raises(ValueError, match=r"extras\['input_ids'\] collides with the batch's own "
+                                         r"'input_ids'"):
+        balance_rollout({"input_ids": ids, "attention_mask": mask}, cost, 64,
+                        extras={"input_ids": adv})
+    with pytest.raises(ValueError, match=r"batch\['advantages'\] has shape \(3,\)"):
+        balance_rollout({"input_ids": ids, "attention_mask": mask}, cost, 64,
+                        extras={"advantages": adv[:3]})
+    seqs = [torch.arange(3), torch.arange(5), torch.arange(2), torch.arange(4)]
+    with pytest.raises(ValueError, match=r"sample field 'advantages': 3 rows for 4 samples"):
+        balance_rollout(seqs, cost, 64, extras={"advantages": adv[:3]})
+    with pytest.raises(ValueError, match=r"sample field 'advantages': 3 rows for 4 samples"):
+        Columns.from_sequences(seqs, None, {"advantages": [adv[0], adv[1], adv[2]]})
