@@ -40,7 +40,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
-from .model import CostModel, ModelSpec, _part, load_cost_model, preset_path, read_yaml
+from .. import resources
+from .model import (BUILTIN, CostModel, ModelSpec, _part, load_cost_model, preset_path,
+                    read_yaml)
 from ..frozen import FROZEN, FROZEN_FINITE
 
 _FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
@@ -105,6 +107,12 @@ class CPHardware(BaseModel):
         return v
 
 
+def cp_presets() -> list[str]:
+    """The cost presets the CP cost model can use: those with a ``model:`` mapping."""
+    return sorted(n for n in resources.preset_names("models")
+                  if "model" in read_yaml(preset_path(n, "models"), "cost preset"))
+
+
 class CPCostTable(NamedTuple):
     """Per-document costs of every group size, as the hybrid planner consumes them.
 
@@ -166,8 +174,13 @@ class CPCostModel(BaseModel):
         """A model preset with a ``model:`` mapping (``configs/models``): its cost model and
         its ModelSpec."""
         path = preset_path(name, "models")
+        if path is None and name in BUILTIN:
+            raise ValueError(f"cost model {name!r} is a built-in formula without a 'model:' "
+                             f"mapping (layers, heads, kv_heads, ...) for the K/V bytes; "
+                             f"presets that have one: {cp_presets()}")
         if path is None:
-            raise ValueError(f"unknown cost model {name!r}")
+            raise ValueError(f"unknown cost model {name!r}: not a YAML file and not one of "
+                             f"{cp_presets()} (the presets with a 'model:' mapping)")
         doc = read_yaml(path, "cost preset")
         if "model" not in doc:
             raise ValueError(f"{path}: the CP cost model needs a preset with a 'model:' "

@@ -94,8 +94,10 @@ def check_pool_limit(lengths: np.ndarray, model: CPCostModel, n_ranks: int,
     over = np.flatnonzero(np.asarray(lengths) > limit)
     if over.size:
         i = int(over[0])
+        group = f"{g} ranks" if g == n_ranks else \
+            f"its largest aligned group: {g} of the pool's {n_ranks} ranks"
         raise ValueError(f"sample {i}: length {int(lengths[i])} exceeds the pool's limit of "
-                         f"{limit} tokens ({g} ranks x rank_capacity {model.rank_capacity}, CP "
+                         f"{limit} tokens ({group} x rank_capacity {model.rank_capacity}, CP "
                          f"padding included); --over-length chunk (over_limit='chunk') cuts "
                          f"such documents into pieces (counted as documents_cut)")
 

@@ -12,7 +12,7 @@ from balancer import cli
 from balancer.config import Layout, PlannerConfig
 from balancer.cp_cost import CPCostModel, CPHardware
 from balancer.hybrid import estimate
-from balancer.hybrid_eval import (coverage, fixed_to_rounds, plan_strategy)
+from balancer.hybrid_eval import check_pool_limit, coverage, fixed_to_rounds, plan_strategy
 from balancer.planner import epoch_order, plan_epoch
 from balancer.samples import SampleTable
 from packing.hybrid_cp import check_plan
@@ -285,3 +285,24 @@ def test_hybrid_mode_over_length(tmp_path, capsys):
     assert rep["cost_model"] == "llama-7b"
     for b in rep["strategies"].values():
         assert b["valid"] and b["documents_cut"] == 1
+
+
+def test_cost_models_without_a_model_mapping_and_odd_pools_are_named():
+    """quadratic-64k is a valid cost model for fixed CP, but has no layers / heads for the K/V
+    exchange: the CP cost model says so and lists the presets that work (it said 'unknown cost
+    model', as for a typo); a pool that is not a power of two names its largest aligned group."""
+    with pytest.raises(ValueError, match=r"cost model 'quadratic-64k' is a built-in formula "
+                                         r"without a 'model:' mapping .* presets that have one: "
+                                         r".*'llama-7b'"):
+        CPCostModel.from_preset("quadratic-64k", 4096)
+    with pytest.raises(ValueError, match=r"unknown cost model 'llama-7x': not a YAML file and "
+                                         r"not one of .*'llama-70b'"):
+        CPCostModel.from_preset("llama-7x", 4096)
+    model = CPCostModel.from_preset("llama-7b", 100)
+    with pytest.raises(ValueError, match=r"sample 1: length 500 exceeds the pool's limit of 400 "
+                                         r"tokens \(its largest aligned group: 4 of the pool's 6 "
+                                         r"ranks x rank_capacity 100"):
+        check_pool_limit(np.array([5, 500]), model, 6)
+    with pytest.raises(ValueError, match=r"exceeds the pool's limit of 400 tokens \(4 ranks x "
+                                         r"rank_capacity 100"):
+        check_pool_limit(np.array([5, 500]), model, 4)
