@@ -76,11 +76,13 @@ class HybridBatchSampler(Sampler):
     microbatches x rank_capacity``), each planned by ``strategy`` (default ``hybrid_stream``:
     tall documents move at most ``max_delay`` steps to share tall rounds; ``hybrid``: every
     global batch on its own, the default before; ``megatron_hybrid`` or ``fixed_cp<c>``: a
-    fixed CP baseline through the
-    same loader; ``megatron_hybrid`` bounds memory per document, as Megatron runs every
-    document of a group as its own forward/backward, so a rank's packed batch in a round may
-    hold more than ``rank_capacity`` tokens: a baseline to compare, not to train at the memory
-    limit). ``rank`` defaults to the process group's rank. Every rank builds the same plan
+    fixed CP baseline through the same loader; ``megatron_hybrid`` bounds memory per
+    document, as Megatron runs every document of a group as its own forward/backward, so a
+    rank's packed batch in a round may hold more than ``rank_capacity`` tokens: a baseline to
+    compare, not to train at the memory limit). ``samples`` may be a SampleTable or the
+    lengths (list or array). ``rank`` defaults to the process group's rank (the group must be
+    the pool: with tensor parallelism, pass ``rank=``); a process started by a launcher with no
+    group yet is refused rather than served rank 0. Every rank builds the same plan
     from the same inputs; ``len()`` is the epoch's rounds, equal on every rank.
 
     ``plan`` trains from plans made ahead of time instead: a plan directory written by
