@@ -15,8 +15,8 @@ fixed CP at every degree that tiles the pool). Written under the output folder:
   ``baselines_default`` the same for ``default_strategy`` (what cp_mode hybrid plans with when
   no strategy is named: ``hybrid_stream``);
 * ``report.md``: the same as tables;
-* ``hybrid_rank_time.png`` (per-rank compute vs exposed exchange of ``hybrid``, Megatron's rule
-  and the no-cut fixed degree), ``hybrid_group_sizes.png`` (group-size histogram),
+* ``hybrid_rank_time.png`` (per-rank compute vs exposed exchange of the default planner,
+  ``hybrid``, Megatron's rule and the no-cut fixed degree), ``hybrid_group_sizes.png`` (group-size histogram),
   ``hybrid_step_time.png`` (estimated epoch time per strategy against the lower bound).
 
 Every figure is recomputed from the plans' items by :func:`balancer.planning.hybrid.estimate`; a
@@ -147,7 +147,9 @@ def write_plots(report: dict, out: Path) -> dict:
     plt = _plt()
     files = {}
     st = {n: b for n, b in report["strategies"].items() if b.get("valid")}
-    show = [n for n in ("hybrid", "megatron_hybrid", report.get("no_cut_fixed")) if n in st]
+    order = (report.get("default_strategy"), "hybrid", "megatron_hybrid",
+             report.get("no_cut_fixed"))
+    show = [n for n in dict.fromkeys(order) if n in st]  # the default planner first
     if show:
         fig, axes = plt.subplots(len(show), 1, figsize=(11, 2.6 * len(show)), squeeze=False)
         for ax, n in zip(axes[:, 0], show):
