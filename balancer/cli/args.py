@@ -23,7 +23,8 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
          "microbatches": "--microbatches", "global_batch_tokens": "--global-batch-tokens",
          "global_batch_samples": "--global-batch-samples", "max_delay": "--max-delay",
          "max_advance": "--max-advance", "seed": "--seed", "over_length": "--over-length",
-         "tail": "--tail", "cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity"}
+         "tail": "--tail", "cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity",
+         "sync": "--sync"}
 
 #: every registered strategy, in registry order (balancer.strategies.registry.STRATEGY_MODULES)
 DEFAULT_STRATEGIES = tuple(strategies.names())
@@ -62,6 +63,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
     config_flag(g, Layout, "pp", "pipeline stages")
     config_flag(g, Layout, "cp", "context-parallel ranks")
     config_flag(g, Layout, "microbatches", "microbatches per DP rank per step")
+    config_flag(g, Layout, "sync", "when the DP ranks wait for each other: step (DDP with "
+                "no_sync gradient accumulation) or microbatch (FSDP / ZeRO-3: balance every "
+                "microbatch slot across ranks)")
     config_flag(g, PlannerConfig, "global_batch_tokens",
                 "tokens per step (default dp x microbatches x capacity)")
     config_flag(g, PlannerConfig, "global_batch_samples",
@@ -112,7 +116,7 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
     try:
         layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
                         capacity=capacity, cp_mode=getattr(args, "cp_mode", None) or "fixed",
-                        rank_capacity=rc)
+                        rank_capacity=rc, sync=getattr(args, "sync", None) or "step")
         config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
                                global_batch_samples=args.global_batch_samples,
                                max_delay=args.max_delay,

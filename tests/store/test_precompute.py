@@ -236,3 +236,28 @@ def test_cli_overwrite_refuses_a_directory_that_is_not_a_plan(samples, tmp_path,
     out = tmp_path / "plan"
     assert main(args + [str(out)]) == 0 and main(args + [str(out)]) == 0
     assert not list(tmp_path.glob(".*"))
+
+
+def test_cli_sync_flag_plans_and_stores_the_lockstep_layout(samples, tmp_path, capsys):
+    """--sync microbatch (FSDP / ZeRO-3: the ranks wait per microbatch) reaches the planner and
+    the manifest from the flag and from --config, and a config's sync is kept when no flag is
+    given (before, only a --config YAML could set it and report/compare could not)."""
+    npy = tmp_path / "lengths.npy"
+    np.save(npy, samples.lengths)
+    args = ["--lengths", str(npy), "--dp", "4", "--microbatches", "2", "--capacity", "8192",
+            "--over-length", "chunk", "--no-progress"]
+    assert main(["precompute", *args, "--sync", "microbatch", "--out", str(tmp_path / "a")]) == 0
+    assert store.load_manifest(tmp_path / "a")["layout"]["sync"] == "microbatch"
+    lay = Layout(dp=4, microbatches=2, capacity=8192, sync="microbatch")
+    cfg = PlannerConfig(over_length="chunk")
+    want = plan_epochs(samples, COST, lay, cfg, 1)[0]
+    assert_same_plan(store.load_plan(tmp_path / "a", 0)[0], want)
+    step = plan_epochs(samples, COST, lay.model_copy(update={"sync": "step"}), cfg, 1)[0]
+    assert not np.array_equal(step.mb_fwd, want.mb_fwd)  # the flag changed the plan
+    yml = tmp_path / "job.yaml"
+    yml.write_text("layout: {sync: microbatch}\n")
+    assert main(["precompute", "--config", str(yml), *args, "--out", str(tmp_path / "b")]) == 0
+    assert store.load_manifest(tmp_path / "b")["layout"]["sync"] == "microbatch"
+    with pytest.raises(SystemExit) as e:
+        main(["compare", *args[:-1], "--sync", "bogus"])
+    assert e.value.code == 2 and "--sync: invalid choice: 'bogus'" in capsys.readouterr().err
