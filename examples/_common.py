@@ -72,3 +72,16 @@ def report(**figures) -> None:
     """One ``RESULT {json}`` line on the first process (what tests/integrations read)."""
     if _world()[0] == 0:
         print("RESULT " + json.dumps(figures), flush=True)
+
+
+def shutdown() -> None:
+    """Tear the process group down cleanly: every rank done (barrier), finished collective work
+    and DDP reducers released (gc) before ``destroy_process_group``. gloo can abort a process
+    ("terminate called without an active exception") when its threads still hold work objects
+    while the group or the interpreter goes away. Drop your DDP modules before calling this."""
+    import gc
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        gc.collect()
+        dist.destroy_process_group()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import tempfile
@@ -106,6 +107,7 @@ def worker(rank: int, world: int, init: str, args) -> None:
             if not (result["every_sample_once"] and result["restored_in_order"]):
                 raise SystemExit("a sample was lost, duplicated or restored out of order")
     finally:
+        gc.collect()  # finished collective work released before the group goes (gloo)
         dist.destroy_process_group()
 
 

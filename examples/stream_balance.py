@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import tempfile
@@ -102,6 +103,7 @@ def worker(rank: int, world: int, init: str, files: list, args) -> None:
         if rank == 0:
             report(everyone, args)
     finally:
+        gc.collect()  # finished collective work released before the group goes (gloo)
         dist.destroy_process_group()
 
 

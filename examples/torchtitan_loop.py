@@ -23,7 +23,8 @@ from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, Sampl
 from balancer.collate import PackedCollator, PackedDataset
 from balancer.integrations.hf import model_inputs
 
-from _common import TESTED_WITH, check_exactly_once, corpus, pieces, report, tiny_llama
+from _common import (TESTED_WITH, check_exactly_once, corpus, pieces, report, shutdown,
+                     tiny_llama)
 
 EPOCHS = 2
 
@@ -98,8 +99,8 @@ def main():
     report(example="torchtitan_loop", processes=world, optimizer_steps=steps,
            checkpoint_at_step=stop, resumed_bit_identical=same, documents_per_epoch=docs,
            tested_with=TESTED_WITH)
-    if world > 1:
-        dist.destroy_process_group()
+    del straight, first, resumed  # the DDP reducers, before the process group goes
+    shutdown()
 
 
 if __name__ == "__main__":

@@ -132,6 +132,25 @@ CP_FLAGS = {"cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity",
             "gpus_per_node": "--gpus-per-node", "overlap": "--cp-overlap"}
 
 
+def cp_hardware(args):
+    """The CP cost model's interconnect figures: ``--cp-hardware FILE`` (a YAML mapping of
+    :class:`~balancer.cost.cp.CPHardware` fields, e.g. from ``tools/calibrate_cp.py``) or the
+    defaults, then ``--gpus-per-node`` and ``--cp-overlap`` where given. Errors name the flag."""
+    from ..cost.cp import CPHardware
+    over = {k: v for k, v in (("gpus_per_node", getattr(args, "gpus_per_node", None)),
+                              ("overlap", getattr(args, "cp_overlap", None))) if v is not None}
+    path = getattr(args, "cp_hardware", None)
+    try:
+        return CPHardware.from_yaml(path, **over) if path else CPHardware(**over)
+    except ValidationError as e:
+        raise ValueError("; ".join(f"{CP_FLAGS.get(str(err['loc'][0]), err['loc'][0])} "
+                                   f"{err.get('input')!r}: "
+                                   f"{err.get('msg', 'invalid').removeprefix('Value error, ')}"
+                                   for err in e.errors())) from None
+    except (OSError, ValueError) as e:  # the file's own errors already name it
+        raise ValueError(f"--cp-hardware {path}: {str(e).removeprefix(f'{path}: ')}") from None
+
+
 def add_cp_args(p: argparse.ArgumentParser) -> None:
     """``--cp-mode fixed|hybrid`` and ``--rank-capacity TOKENS`` (stable), with the
     interconnect figures of the CP cost model."""
@@ -145,16 +164,22 @@ def add_cp_args(p: argparse.ArgumentParser) -> None:
                         "the microbatch capacity is cp x this; needed by --cp-mode hybrid; "
                         "with it every strategy is also evaluated by the CP cost model "
                         "(exposed K/V exchange, seconds per GPU)")
-    g.add_argument("--gpus-per-node", type=int, default=8,
-                   help="GPUs on the fast intra-node fabric (CP cost model)")
-    g.add_argument("--cp-overlap", type=float, default=1.0,
-                   help="fraction of the K/V exchange that can overlap attention compute")
+    g.add_argument("--gpus-per-node", type=int, default=None,
+                   help="GPUs on the fast intra-node fabric (CP cost model; default 8, or "
+                        "--cp-hardware's)")
+    g.add_argument("--cp-overlap", type=float, default=None,
+                   help="fraction of the K/V exchange that can overlap attention compute "
+                        "(default 1.0, or --cp-hardware's)")
+    g.add_argument("--cp-hardware", default=None, metavar="FILE",
+                   help="YAML of the CP cost model's interconnect figures (bandwidths, "
+                        "latencies, overlap, gpus_per_node), e.g. written by "
+                        "tools/calibrate_cp.py; the two flags above override it")
 
 
 def build_cp(args):
     """``(CPCostModel or None, pool ranks, batch tokens)`` from the CP flags; None without
     ``--rank-capacity`` in fixed mode. Errors name the flag."""
-    from ..cost.cp import CPCostModel, CPHardware
+    from ..cost.cp import CPCostModel
     mode = getattr(args, "cp_mode", "fixed") or "fixed"
     rc = getattr(args, "rank_capacity", None)
     if rc is None:
@@ -176,8 +201,8 @@ def build_cp(args):
                                  f"--rank-capacity tokens per round; the step takes "
                                  f"--global-batch-tokens, default dp x cp x microbatches x "
                                  f"rank capacity)")
+    hw = cp_hardware(args)
     try:
-        hw = CPHardware(gpus_per_node=args.gpus_per_node, overlap=args.cp_overlap)
         model = CPCostModel.from_preset(args.cost_model or "llama-7b", rc, hardware=hw,
                                         pp=args.pp)
     except ValueError as e:

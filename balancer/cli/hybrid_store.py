@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import args as cli_args
 from ..config import Layout, PlannerConfig
 from ..store.files import MANIFEST
 
@@ -21,7 +22,7 @@ _NOT_HYBRID = ("global_batch_samples", "window_samples", "tail", "max_advance", 
 
 def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load_samples) -> int:
     """``precompute --cp-mode hybrid``: the plans HybridBatchSampler trains from (``plan=``)."""
-    from ..cost.cp import CPCostModel, CPHardware
+    from ..cost.cp import CPCostModel
     from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, HYBRID_MAX_DELAY
     from ..store.hybrid_store import load_hybrid_manifest, precompute_hybrid
     given = [k for k in _NOT_HYBRID if k in vars(args)]
@@ -31,8 +32,7 @@ def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load
                          f"at most --max-delay steps from its batch)")
     if job.workers > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--cp-mode hybrid plans on one process (no --workers, no torchrun)")
-    hw = CPHardware(gpus_per_node=getattr(args, "gpus_per_node", 8),
-                    overlap=getattr(args, "cp_overlap", 1.0))
+    hw = cli_args.cp_hardware(args)
     try:
         model = CPCostModel.from_preset(job.cost_model, layout.rank_capacity, hardware=hw,
                                         pp=layout.pp)

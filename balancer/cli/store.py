@@ -200,7 +200,7 @@ def _precompute_run(args) -> int:
     if layout.cp_mode == "hybrid":
         from .hybrid_store import precompute_hybrid_run
         return precompute_hybrid_run(args, job, layout, config, load_samples)
-    for k in ("gpus_per_node", "cp_overlap"):
+    for k in ("gpus_per_node", "cp_overlap", "cp_hardware"):
         if k in vars(args):
             raise ValueError(f"--{k.replace('_', '-')} is a figure of the hybrid mode's CP cost "
                              f"model: give it with --cp-mode hybrid")

@@ -36,13 +36,13 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import numpy as np
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
 from .. import resources
-from .model import (BUILTIN, CostModel, ModelSpec, _part, load_cost_model, preset_path,
-                    read_yaml)
+from .model import (BUILTIN, CostModel, ModelSpec, _part, load_cost_model, one_line,
+                    preset_path, read_yaml)
 from ..frozen import FROZEN, FROZEN_FINITE
 
 _FROZEN = FROZEN_FINITE  # balancer.frozen: the one model_config
@@ -68,7 +68,8 @@ class CPHardware(BaseModel):
     """Interconnect figures of the CP exchange. Defaults are an H100 SXM node (DGX/HGX H100: 8
     GPUs on NVLink 4, one 400 Gb/s ConnectX-7 NIC per GPU), at about 80% of the peak, which is
     what NCCL's bus bandwidth typically reaches on large transfers; calibrate them on your
-    cluster (``nccl-tests`` all_gather_perf) and pass your own."""
+    cluster (``tools/calibrate_cp.py`` under torchrun, or ``nccl-tests`` all_gather_perf) and
+    pass your own (``CPHardware.from_yaml``, ``--cp-hardware FILE``)."""
 
     model_config = _FROZEN
     gpus_per_node: int = Field(
@@ -97,6 +98,16 @@ class CPHardware(BaseModel):
         2.0, ge=0, le=16,
         description="backward exchange volume / forward exchange volume (ring attention "
                     "passes K, V again and returns dK, dV: 2)")
+
+    @classmethod
+    def from_yaml(cls, path, **overrides) -> "CPHardware":
+        """Figures from a YAML mapping of these fields (what ``tools/calibrate_cp.py`` writes),
+        then ``overrides``; unknown keys and bad values are one error naming the file."""
+        doc = read_yaml(path, "CP hardware file")
+        try:
+            return cls(**{**doc, **overrides})
+        except ValidationError as e:
+            raise ValueError(f"{path}: {one_line(e)}") from None
 
     @field_validator("gpus_per_node")
     @classmethod

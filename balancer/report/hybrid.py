@@ -55,6 +55,8 @@ def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: 
         "cp_cost_model": {"gpus_per_node": hw.gpus_per_node, "overlap": hw.overlap,
                           "intra_node_bandwidth": hw.intra_node_bandwidth,
                           "inter_node_bandwidth": hw.inter_node_bandwidth,
+                          "intra_node_latency": hw.intra_node_latency,
+                          "inter_node_latency": hw.inter_node_latency,
                           "kv_bytes_per_token": model.kv_bytes_per_token(), "pp": model.pp},
         "est_step_time_unit": "seconds per GPU (CP cost model, barrier per round)",
         "no_cut_fixed": res["no_cut_fixed"], "best_fixed": res["best_fixed"],
