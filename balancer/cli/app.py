@@ -12,7 +12,7 @@ import sys
 from .commands import COMMANDS, command  # noqa: F401 (balancer.cli.command: the old home)
 
 #: modules that register commands when imported, in --help order (missing ones are skipped)
-COMMAND_MODULES = ("cli.compare", "cli.report", "cli.store", "cli.calibrate")
+COMMAND_MODULES = ("cli.compare", "cli.report", "cli.store", "cli.calibrate", "cli.compile")
 
 
 def main(argv=None) -> int:

@@ -337,7 +337,11 @@ def warmup(model: CPCostModel, n_ranks: int) -> None:
     docs = np.array([3, max(1, cap // 2), min(2 * cap, model.doc_limit(
         1 << (int(n_ranks).bit_length() - 1))), 5], dtype=np.int64)
     plan_hybrid(docs, model, n_ranks)
-    plan_hybrid_stream(np.tile(docs, 3), model, n_ranks, int(docs.sum()))  # the movement kernel
+    # the movement kernel runs only when some document is tall: the longest the pool holds,
+    # in every step, beside short ones
+    tall = model.doc_limit(1 << (int(n_ranks).bit_length() - 1))
+    stream = np.tile(np.array([tall, 3, max(1, cap // 2), 5], dtype=np.int64), 3)
+    plan_hybrid_stream(stream, model, n_ranks, tall + cap)
     for c in fixed_degrees(n_ranks)[:2]:
         plan_fixed_cp(docs, model, n_ranks, c)
 
