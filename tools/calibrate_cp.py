@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -110,6 +111,7 @@ def _spawned_rank(rank, world, args, init, out):
             Path(out).write_text(json.dumps(res))
         dist.barrier()
     finally:
+        gc.collect()  # finished work released before the group goes (gloo's teardown race)
         dist.destroy_process_group()
 
 
