@@ -152,10 +152,13 @@ def demo_cost_model(args):
     from balancer.cp_cost import CPCostModel, CPHardware
     spec = ModelSpec(hidden=args.dim, layers=args.layers, heads=args.heads, ffn=4 * args.dim,
                      vocab=args.vocab)
+    bw, lat = args.gloo_bandwidth, args.gloo_latency
+    if getattr(args, "cp_hardware", None):  # measured by tools/calibrate_cp.py
+        cal = CPHardware.from_yaml(args.cp_hardware)
+        bw, lat = cal.intra_node_bandwidth, cal.intra_node_latency
     hw = CPHardware(gpus_per_node=1 << (args.world - 1).bit_length(),
-                    intra_node_bandwidth=args.gloo_bandwidth,
-                    inter_node_bandwidth=args.gloo_bandwidth,
-                    intra_node_latency=args.gloo_latency, inter_node_latency=args.gloo_latency,
+                    intra_node_bandwidth=bw, inter_node_bandwidth=bw,
+                    intra_node_latency=lat, inter_node_latency=lat,
                     overlap=0.0, kv_bytes=4 if args.dtype == "float32" else 8,
                     backward_exchange=2.0)  # backward all-reduces the gathered [g, ...] grads
     return CPCostModel(cost=load_cost_model(args.cost_model), spec=spec, hardware=hw,
@@ -327,6 +330,9 @@ def add_cp_train_args(p) -> None:
                         "1 MiB 3.9 ms, 4 MiB 9.8 ms per all_gather, about 1 ms + bytes / 0.5 GB/s)")
     g.add_argument("--gloo-latency", type=float, default=1e-3,
                    help="seconds per all-gather step per layer (CP cost model of the estimate)")
+    g.add_argument("--cp-hardware", default=None, metavar="FILE",
+                   help="gloo figures measured by tools/calibrate_cp.py --world N: its "
+                        "intra-node bandwidth and latency replace the two flags above")
 
 
 def parse_args(argv=None):

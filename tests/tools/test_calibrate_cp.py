@@ -93,3 +93,18 @@ def test_main_writes_a_file_the_cli_takes(tmp_path, capsys, monkeypatch):
     assert cli.main(argv + ["--cp-hardware", str(tmp_path / "none.yaml"),
                             "--out", str(tmp_path / "d")]) == 2
     assert "--cp-hardware" in capsys.readouterr().err
+
+
+def test_demo_trainer_estimate_takes_the_calibrated_figures(tmp_path):
+    """tools/train_cp.py --cp-hardware: the calibrated gloo figures replace --gloo-bandwidth /
+    --gloo-latency in the demo's CP cost model (the rest of its hardware stays the demo's)."""
+    from tools import train_cp
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("intra_node_bandwidth: 8.75e8\nintra_node_latency: 3.3e-4\n")
+    base = train_cp.demo_cost_model(train_cp.parse_args(["--world", "4"])).hardware
+    got = train_cp.demo_cost_model(train_cp.parse_args(["--world", "4", "--cp-hardware",
+                                                        str(hw)])).hardware
+    assert (base.intra_node_bandwidth, base.intra_node_latency) == (5e8, 1e-3)
+    assert got.intra_node_bandwidth == got.inter_node_bandwidth == 8.75e8
+    assert got.intra_node_latency == got.inter_node_latency == 3.3e-4
+    assert got.overlap == base.overlap == 0.0 and got.gpus_per_node == base.gpus_per_node == 4
