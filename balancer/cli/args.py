@@ -92,14 +92,16 @@ def parse_strategies(text: str) -> list[str]:
     return names
 
 
-def flag_errors(e: ValidationError) -> str:
-    """A Layout / PlannerConfig ValidationError as one line naming the flags and values."""
+def flag_errors(e: ValidationError, flags: dict | None = None) -> str:
+    """A config ValidationError as one line naming the flags (``flags``: field -> flag, default
+    the Layout / PlannerConfig ones) and values."""
+    flags = FLAGS if flags is None else flags
     parts = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err.get("loc", ()))
         msg = err.get("msg", "invalid").removeprefix("Value error, ")
         if loc:
-            parts.append(f"{FLAGS.get(loc, loc)} {err.get('input')!r}: {msg}")
+            parts.append(f"{flags.get(loc, loc)} {err.get('input')!r}: {msg}")
         else:
             parts.append(msg)
     return "; ".join(parts)
@@ -143,10 +145,7 @@ def cp_hardware(args):
     try:
         return CPHardware.from_yaml(path, **over) if path else CPHardware(**over)
     except ValidationError as e:
-        raise ValueError("; ".join(f"{CP_FLAGS.get(str(err['loc'][0]), err['loc'][0])} "
-                                   f"{err.get('input')!r}: "
-                                   f"{err.get('msg', 'invalid').removeprefix('Value error, ')}"
-                                   for err in e.errors())) from None
+        raise ValueError(flag_errors(e, CP_FLAGS)) from None
     except (OSError, ValueError) as e:  # the file's own errors already name it
         raise ValueError(f"--cp-hardware {path}: {str(e).removeprefix(f'{path}: ')}") from None
 
@@ -208,12 +207,7 @@ def build_cp(args):
     except ValueError as e:
         if not isinstance(e, ValidationError):
             raise ValueError(f"--cost-model {args.cost_model}: {e}") from None
-        parts = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            msg = err.get("msg", "invalid").removeprefix("Value error, ")
-            parts.append(f"{CP_FLAGS.get(loc, loc)} {err.get('input')!r}: {msg}" if loc else msg)
-        raise ValueError("; ".join(parts)) from None
+        raise ValueError(flag_errors(e, CP_FLAGS)) from None
     P = args.dp * args.cp
     budget = getattr(args, "global_batch_tokens", None) or P * args.microbatches * rc
     if budget > 2 ** 52:
