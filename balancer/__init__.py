@@ -1,9 +1,5 @@
 """Cost-balanced microbatches for DP x PP x CP training: sample metadata, cost models, the step
 planner, plans, metrics and the command line."""
-from . import _moved
-
-_moved.install()  # old module paths (balancer.sampler, balancer.planner, ...) keep working
-
 from .config import Layout, PlannerConfig
 from .cost.model import CostModel, ModelSpec, PassCost, load_cost_model
 from .planning.plan import Items, Plan

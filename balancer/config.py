@@ -45,7 +45,7 @@ class Layout(BaseModel):
                              "plan_epoch and PackedBatchSampler plan); 'hybrid': the dp x cp "
                              "ranks of a stage form one pool and every document gets its own CP "
                              "degree on aligned power-of-two groups, per microbatch round "
-                             "(balancer.hybrid, balancer.hybrid_loader); needs rank_capacity")
+                             "(balancer.planning.hybrid, balancer.loader.hybrid); needs rank_capacity")
     rank_capacity: Optional[int] = Field(
         None, gt=0, le=MAX_LENGTH,
         description="tokens one rank holds in one microbatch round (its memory limit, CP "

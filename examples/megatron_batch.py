@@ -8,7 +8,7 @@ Transformer Engine's ``thd_get_partitioned_indices``). ``PaddedCollator`` gives 
 ``megatron_batch`` the dict Megatron's ``get_batch`` returns (tokens, next-token labels,
 loss_mask, position_ids, cu_seqlens, cu_seqlens_padded, max_seqlen). Here: the batch goes
 through megatron-core's own function and ``PackedSeqParams``; without Transformer Engine (CUDA
-only) the CP shard is cut with ``balancer.cp_shard.shard_index``, which equals TE's partition;
+only) the CP shard is cut with ``balancer.loader.cp_shard.shard_index``, which equals TE's partition;
 and a Megatron-style loss ``sum(loss * loss_mask) / step_loss_tokens`` over the padded batch of a
 tiny Llama (document-causal additive mask) equals every document run alone.
 Tested with torch 2.13.0 (CPU), megatron-core 0.16.1, transformers 5.24.0.
@@ -19,9 +19,10 @@ from megatron.core import utils as mcore_utils
 from megatron.core.packed_seq_params import PackedSeqParams
 from torch.utils.data import DataLoader
 
-from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable, cp_shard
-from balancer.adapters import packed_seq_params
-from balancer.collate import PackedDataset
+from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable
+from balancer.loader import cp_shard
+from balancer.loader.adapters import packed_seq_params
+from balancer.loader.collate import PackedDataset
 from balancer.integrations.hf import additive_mask
 from balancer.integrations.megatron import PaddedCollator, megatron_batch
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable
-from balancer.collate import PackedCollator, PackedDataset
+from balancer.loader.collate import PackedCollator, PackedDataset
 from balancer.integrations.hf import model_inputs
 
 from _common import (TESTED_WITH, check_exactly_once, corpus, pieces, report, shutdown,

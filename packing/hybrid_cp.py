@@ -6,14 +6,14 @@ microbatch *rounds*; in every round the pool is partitioned into **aligned group
 pre-creates one process group per aligned block: ``2P - 1`` groups at most). Every rank runs
 exactly one microbatch per round (equal rounds on every rank), holding at most
 ``rank_capacity`` tokens. A document runs in one round, either **sharded** over all ranks of a
-group (zigzag, as :mod:`balancer.cp_shard`; ``owner = -1``) or **whole** on one rank of its group
+group (zigzag, as :mod:`balancer.loader.cp_shard`; ``owner = -1``) or **whole** on one rank of its group
 (``owner`` = that rank's index in the group, the cp_shard owner convention); nothing is cut.
 Long documents get large groups, short ones stay whole.
 
 The cost of a plan is the sum over rounds of the slowest rank's time in that round (a round ends
 when its slowest rank does); a rank's time is the sum of the per-rank times of its documents
 (``time[d, k]``: compute plus exposed K/V exchange on a group of ``2^k``, from
-:meth:`balancer.cp_cost.CPCostModel.table`).
+:meth:`balancer.cost.cp.CPCostModel.table`).
 
 Algorithm (compiled kernels, deterministic, ties to the lower index):
 
@@ -156,12 +156,12 @@ def plan_batch(time, tokens, rank_capacity: int, n_ranks: int, *, candidates: in
 
     ``time`` float64[n, K] and ``tokens`` int64[n, K]: per-rank seconds and tokens of every
     document on aligned groups of ``1, 2, ..., 2^(K-1)`` ranks (``K = n_ranks.bit_length()``),
-    e.g. from :meth:`balancer.cp_cost.CPCostModel.table`. ``sizes=(lo, hi)`` restricts sharded
+    e.g. from :meth:`balancer.cost.cp.CPCostModel.table`. ``sizes=(lo, hi)`` restricts sharded
     documents to groups of ``2^lo .. 2^hi`` ranks (default: any size >= 2); ``whole=False``
     forbids whole documents on members of groups of two or more; ``fixed=k`` makes every round
     the fixed partition into blocks of ``2^k`` ranks (fixed CP). ``candidates`` round heights are
     tried; ``local_search`` bounds the repair sweeps (0: none). A document that no group holds
-    is an error naming it (cutting is the caller's policy: :func:`balancer.hybrid.plan_hybrid`).
+    is an error naming it (cutting is the caller's policy: :func:`balancer.planning.hybrid.plan_hybrid`).
     ``doc_ids``/``lengths`` only label the items of the returned plan."""
     time, tokens, cap, P = _check_table(time, tokens, rank_capacity, n_ranks)
     n, K = time.shape

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from balancer.collate import FlatTokens, PackedDataset
+from balancer.loader.collate import FlatTokens, PackedDataset
 from balancer.config import Layout
-from balancer.cp_cost import CPCostModel
-from balancer.hybrid_loader import HybridBatchSampler, HybridCollator
+from balancer.cost.cp import CPCostModel
+from balancer.loader.hybrid import HybridBatchSampler, HybridCollator
 from balancer.samples import SampleTable
 from tests.common.gloo import run_ranks
 from tools.tiny_lm import TinyLM

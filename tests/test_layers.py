@@ -1,26 +1,23 @@
-"""The package's one-way flow (issue #12): every import inside ``balancer/`` and ``packing/``,
-module level or inside a function, goes to the same layer's own sub-package or to a lower
-layer, never up and never sideways into another sub-package of the same layer; no cycles; and
-every old module path resolves to the module that now holds it."""
+"""The package's one-way flow: every import inside ``balancer/`` and ``packing/``, module level
+or inside a function, goes to the same layer's own sub-package or to a lower layer, never up and
+never sideways into another sub-package of the same layer; ``tools/`` sits above the package and
+nothing below imports it; no cycles (``tools/`` included); and the module paths retired when the
+modules moved into sub-packages are gone: no import, no string naming a module to import, no
+reference in code or docs uses them."""
 from __future__ import annotations
 
 import ast
 import builtins
-import importlib
-import subprocess
-import sys
+import re
 from pathlib import Path
 
-import pytest
-
-from balancer import _moved
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: low to high; sub-packages on one line of the same rank may not import each other
 LAYERS = {
     "packing": 0,
-    "balancer": 1,  # the base modules: config, samples, resources, workloads, zigzag, _moved
+    "balancer": 1,  # the base modules: config, samples, resources, workloads, zigzag, frozen
     "balancer.cost": 2,
     "balancer.strategies": 3,
     "balancer.planning": 4,
@@ -29,6 +26,7 @@ LAYERS = {
     "balancer.multimodal": 7,  # its collator builds on the loader's, its planner on metrics
     "balancer.runtime": 8, "balancer.integrations": 8,
     "balancer.cli": 9,
+    "tools": 100,  # benchmarks, the demo trainer, calibration: above the package and its facade
 }
 #: the public facade (``from balancer import ...``) and ``python -m balancer``: above everything
 FACADE = {"balancer", "balancer.__main__"}
@@ -43,7 +41,7 @@ def module_name(path: Path) -> str:
 
 def modules() -> dict[str, Path]:
     out = {}
-    for pkg in ("balancer", "packing"):
+    for pkg in ("balancer", "packing", "tools"):
         for p in sorted((ROOT / pkg).rglob("*.py")):
             out[module_name(p)] = p
     return out
@@ -57,9 +55,8 @@ def exists(name: str) -> bool:
 
 
 def canonical(name: str) -> str:
-    """The module an import of ``name`` really loads: old paths mapped to their new home."""
-    name = _moved.MOVED.get(name, name)
-    return _moved.PACKAGE_OF.get(name, name)
+    """The module an import of ``name`` loads (no aliases: every module has one path)."""
+    return name
 
 
 def imports(mod: str, path: Path) -> list[tuple[int, str]]:
@@ -80,11 +77,11 @@ def imports(mod: str, path: Path) -> list[tuple[int, str]]:
             targets = []
             for a in node.names:
                 sub = f"{src}.{a.name}"
-                targets.append(sub if exists(canonical(sub)) or sub in _moved.MOVED else src)
+                targets.append(sub if exists(sub) else src)
         else:
             continue
         for t in targets:
-            if t.split(".")[0] in ("balancer", "packing"):
+            if t.split(".")[0] in ("balancer", "packing", "tools"):
                 out.append((node.lineno, t))
     return out
 
@@ -189,40 +186,74 @@ def test_no_name_lost_in_a_move():
     assert not bad, "names read but never defined or imported:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_old_path_is_the_new_module(old):
-    new = importlib.import_module(_moved.MOVED[old])
-    assert importlib.import_module(old) is new
-    assert sys.modules[old] is new
-    parent, _, leaf = old.rpartition(".")
-    assert getattr(importlib.import_module(parent), leaf) is new
-    assert new.__spec__.name == new.__name__ == _moved.MOVED[old]
+#: module paths retired when the modules moved into sub-packages; none may come back
+RETIRED = (
+    "balancer.calibration", "balancer.cp_cost", "balancer.planner", "balancer.hybrid",
+    "balancer.precompute", "balancer.metrics", "balancer.compare", "balancer.report_md",
+    "balancer.plots", "balancer.sampler", "balancer.collate", "balancer.cp_shard",
+    "balancer.adapters", "balancer.mm_cost", "balancer.mm_plan", "balancer.mm_collate",
+    "balancer.mm_workloads", "balancer.cli_args", "balancer.store_cli", "balancer.calibration_cli",
+    "balancer.hybrid_eval", "balancer.hybrid_loader", "balancer.hybrid_report", "balancer._moved",
+)
+RETIRED_RE = re.compile(r"\b(" + "|".join(re.escape(r) for r in RETIRED) + r")\b(?![\w/])")
+#: everything a user or CI reads: code, tests, tools, examples, docs, configs, CI
+SCANNED = [p for p in sorted(ROOT.rglob("*"))
+           if p.is_file() and p.relative_to(ROOT).parts[0] in (
+               "balancer", "packing", "tools", "examples", "tests", "configs", "docs", "benchmarks",
+               ".ci", "README.md", "pyproject.toml", "dev")
+           and "__pycache__" not in p.parts and p.suffix in (".py", ".md", ".yaml", ".toml", "")
+           and p != Path(__file__).resolve()]
 
 
-@pytest.mark.parametrize("old", sorted(_moved.PACKAGE_OF))
-def test_old_module_names_resolve_on_its_package(old):
-    pkg, target = importlib.import_module(old), importlib.import_module(_moved.PACKAGE_OF[old])
-    names = [n for n in vars(target) if not n.startswith("__") and n != "annotations"]
-    assert names
-    for n in names:
-        assert getattr(pkg, n) is getattr(target, n), n
+def test_retired_paths_are_not_modules():
+    # no module file, no package, no finder: a retired path is gone from the tree
+    back = [old for old in RETIRED if exists(old)
+            or (ROOT / old.replace(".", "/")).with_suffix(".py").exists()]
+    assert not back, f"retired module paths are back: {back}"
+    lazy = [old for old in RETIRED if old.rpartition(".")[2] in vars(__import__("balancer"))]
+    assert not lazy, f"retired names on the package: {lazy}"
 
 
-def test_old_paths_in_a_fresh_interpreter():
-    # the way other code spells them: from-imports of modules and of names, monkeypatching
-    code = (
-        "import balancer.sampler, balancer.loader.sampler as s\n"
-        "assert balancer.sampler is s\n"
-        "from balancer import mm_cost, planner, strategies, report as R, store\n"
-        "from balancer.multimodal import cost as c\n"
-        "assert mm_cost is c and planner is __import__('balancer.planning.planner').planning.planner\n"
-        "from balancer.cost import CostModel, config_dir\n"
-        "from balancer.cost.model import CostModel as C2\n"
-        "assert CostModel is C2 and strategies.names() and R.build_report and store.load_plan\n"
-        "from balancer.collate import PackedCollator\n"
-        "from balancer import PackedCollator as P2\n"
-        "assert PackedCollator is P2\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
+def test_no_reference_to_a_retired_path():
+    bad = [f"{p.relative_to(ROOT)}:{i}: {m.group(1)}" for p in SCANNED
+           for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           for m in RETIRED_RE.finditer(line)]
+    assert not bad, "retired module paths:\n" + "\n".join(bad)
+
+
+MODULE_STRING = re.compile(r"^(balancer|packing|tools)(\.[A-Za-z_]\w*)+$")
+
+
+def _resolves(dotted: str) -> bool:
+    """``dotted`` is a module of the tree, or an attribute of one (``pkg.mod.name``)."""
+    if exists(dotted):
+        return True
+    mod, _, attr = dotted.rpartition(".")
+    if not exists(mod):
+        return False
+    tree = ast.parse(MODULES[mod].read_text())
+    lazy = {k.value for n in ast.walk(tree) if isinstance(n, ast.Dict)
+            for k in n.keys if isinstance(k, ast.Constant)}  # names a package loads on first use
+    if attr in lazy:
+        return True
+    return attr in {n.name for n in ast.walk(tree)
+                    if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+        t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+        for t in n.targets if isinstance(t, ast.Name)} | {
+        (a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+
+
+def test_module_strings_resolve():
+    # what the import graph cannot see: importlib.import_module("balancer.x"), a command table
+    # of module names, monkeypatch.setattr("balancer.x.name", ...): every string constant that
+    # is a dotted path into the tree names a module of it, or an attribute of one
+    bad = []
+    for p in SCANNED:
+        if p.suffix != ".py":
+            continue
+        for n in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) \
+                    and MODULE_STRING.match(n.value) and not _resolves(n.value):
+                bad.append(f"{p.relative_to(ROOT)}:{n.lineno}: {n.value!r}")
+    assert not bad, "strings naming modules that do not exist:\n" + "\n".join(bad)

@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 
 from balancer import Layout, PlannerConfig, SampleTable, plan_epoch, workloads
 from balancer.integrations.sync import lockstep_imbalance, rank_sum_imbalance, sync_for
-from balancer.strategies import rank_units
+from balancer.strategies.balanced import rank_units
 from tests.planning.test_planner import COST, STRATEGIES, _plan_or_carry, assert_valid
 
 SYNCS = ("step", "microbatch")
@@ -112,7 +112,7 @@ def test_sync_for():
 
 
 def test_store_keeps_sync(tmp_path):
-    from balancer.store import check_compatible, load_plan, save_plan
+    from balancer.store.plan_store import check_compatible, load_plan, save_plan
     lengths = workloads.synthetic("lognormal-4k", n=400, seed=2)
     lay = Layout(dp=2, microbatches=2, capacity=32768, sync="microbatch")
     plan = plan_epoch(SampleTable(lengths), COST, lay, PlannerConfig(over_length="chunk"))

@@ -14,12 +14,14 @@ import tracemalloc
 
 import numpy as np
 
-from balancer import cli_args, hybrid_eval, workloads  # noqa: E402
-from balancer.hybrid_eval import add_fixed_mode_figures  # noqa: E402
-from balancer.compare import compare, format_table, warmup  # noqa: E402
+from balancer.cli import args as cli_args
+from balancer.planning import hybrid_eval
+from balancer import workloads  # noqa: E402
+from balancer.planning.hybrid_eval import add_fixed_mode_figures  # noqa: E402
+from balancer.report.compare import compare, format_table, warmup  # noqa: E402
 from balancer.config import Layout, PlannerConfig  # noqa: E402
-from balancer.cost import load_cost_model  # noqa: E402
-from balancer.planner import epoch_order, plan_epoch  # noqa: E402
+from balancer.cost.model import load_cost_model  # noqa: E402
+from balancer.planning.planner import epoch_order, plan_epoch  # noqa: E402
 from balancer.samples import SampleTable  # noqa: E402
 
 # (title, workload, samples, layout kwargs, config kwargs)
@@ -177,7 +179,7 @@ def _main(args) -> int:
 
 def _hybrid(args) -> int:
     """``--cp-mode hybrid``: the pool of dp x cp ranks planned by every hybrid-mode strategy
-    (balancer.hybrid_eval) on the same global batches."""
+    (balancer.planning.hybrid_eval) on the same global batches."""
     if not args.lengths:
         raise ValueError("--cp-mode hybrid needs --lengths FILE.npy|NAME")
     model, P, budget = cli_args.build_cp(args)

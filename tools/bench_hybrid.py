@@ -3,7 +3,7 @@
 For every model preset and workload: the stream (shuffled with --seed) is cut into global batches
 of ``ranks x rounds x rank_capacity`` tokens, the same batches for every planner; each planner
 plans every batch; the plans are evaluated with the same CP cost model
-(:func:`balancer.hybrid.estimate`) at full overlap of the K/V exchange and with only half of it
+(:func:`balancer.planning.hybrid.estimate`) at full overlap of the K/V exchange and with only half of it
 overlapping (each scenario is planned with its own cost table). Figures per planner: documents
 cut, attention removed by the cuts, estimated step time summed over the epoch (barrier per round,
 and without barriers), its ratio to the no-cut lower bound, exposed communication, planning time
@@ -33,9 +33,9 @@ import numpy as np
 
 
 from balancer import workloads  # noqa: E402
-from balancer.cp_cost import CPCostModel, CPHardware  # noqa: E402
-from balancer.hybrid import (estimate, plan_fixed_cp, plan_hybrid,  # noqa: E402
-                             plan_hybrid_stream, plan_megatron_hybrid)
+from balancer.cost.cp import CPCostModel, CPHardware  # noqa: E402
+from balancer.planning.hybrid import (estimate, plan_fixed_cp, plan_hybrid, plan_hybrid_stream,
+    plan_megatron_hybrid)
 from packing.hybrid_cp import concat_plans, plan_batch  # noqa: E402
 
 

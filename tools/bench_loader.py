@@ -22,8 +22,8 @@ import numpy as np
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch  # noqa: E402
 from balancer import workloads  # noqa: E402
-from balancer.collate import FlatTokens, PackedCollator, PackedDataset  # noqa: E402
-from balancer.sampler import PackedBatchSampler  # noqa: E402
+from balancer.loader.collate import FlatTokens, PackedCollator, PackedDataset  # noqa: E402
+from balancer.loader.sampler import PackedBatchSampler  # noqa: E402
 
 
 def collation(dataset, sampler, collator, seconds: float) -> dict:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 
 from balancer import Layout, PlannerConfig, plan_epoch  # noqa: E402
-from balancer.mm_cost import load_mm_cost_model  # noqa: E402
-from balancer.mm_plan import MMConfig, mm_summary, plan_multimodal  # noqa: E402
-from balancer.mm_workloads import generate  # noqa: E402
+from balancer.multimodal.cost import load_mm_cost_model  # noqa: E402
+from balancer.multimodal.plan import MMConfig, mm_summary, plan_multimodal  # noqa: E402
+from balancer.multimodal.workloads import generate  # noqa: E402
 
 ROWS = [("sequential", "home"), ("balanced", "home"), ("balanced", "joint"),
         ("balanced", "post")]

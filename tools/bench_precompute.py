@@ -26,9 +26,10 @@ import numpy as np
 
 
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch  # noqa: E402
-from balancer import store, workloads  # noqa: E402
-from balancer.compare import warmup  # noqa: E402
-from balancer.precompute import precompute  # noqa: E402
+from balancer import workloads  # noqa: E402
+from balancer.store import plan_store as store
+from balancer.report.compare import warmup  # noqa: E402
+from balancer.store.precompute import precompute  # noqa: E402
 
 LAYOUT = dict(dp=64, microbatches=4, capacity=32768)
 

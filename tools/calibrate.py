@@ -1,6 +1,6 @@
 """Calibrate a cost model: time the forward and the backward pass of a real torch module on
 packed microbatches of varied document lengths and counts, fit ``a*sum L^2 + b*sum L + c`` per
-pass (balancer.calibration), report R^2 and the relative error on held-out shapes, and write a
+pass (balancer.cost.calibration), report R^2 and the relative error on held-out shapes, and write a
 preset the planner loads.
 
     ./dev python tools/calibrate.py --name tiny-lm-cpu            # TinyLM, CPU, 1 thread
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 
-from balancer import calibration as cal_mod  # noqa: E402
-from balancer.cost import config_dir  # noqa: E402
+from balancer.cost import calibration as cal_mod  # noqa: E402
+from balancer.cost.model import config_dir  # noqa: E402
 from tools.tiny_lm import add_model_args, model_from_args  # noqa: E402
 
 

@@ -9,7 +9,7 @@ predicts from the calibrated cost model for the very same plan.
 Training is tools/train.py (``run(parse_args(...))``, explicit gradient all-reduce, so a rank's
 ``compute_s`` is pure forward + backward). Per step, the *step time* is the slowest rank's
 compute time (what every rank waits for at the all-reduce) and the *DP imbalance* is max / mean
-of the ranks' compute times. The prediction is :func:`balancer.metrics.step_metrics` of the plan
+of the ranks' compute times. The prediction is :func:`balancer.report.metrics.step_metrics` of the plan
 the trainer's sampler builds (same dataset, cost model, layout and config), in the cost model's
 unit (seconds for a calibrated preset). By default the whole epoch is trained, so both strategies
 see exactly the same documents and the speedup is a ratio of training times for the same work;
@@ -33,7 +33,7 @@ import numpy as np
 
 
 from balancer import load_cost_model  # noqa: E402
-from balancer.metrics import step_metrics, summarize  # noqa: E402
+from balancer.report.metrics import step_metrics, summarize  # noqa: E402
 from tools import train  # noqa: E402
 from tools.tiny_lm import add_model_args  # noqa: E402
 
@@ -111,7 +111,7 @@ def measured_block(log: dict, skip: int) -> dict:
 
 
 def predicted_block(plan, cost, n_steps: int, skip: int) -> dict:
-    """The simulator's figures (balancer.metrics.step_metrics) for the first ``n_steps`` steps
+    """The simulator's figures (balancer.report.metrics.step_metrics) for the first ``n_steps`` steps
     of ``plan``, timed from ``skip`` on like :func:`measured_block`."""
     sm = step_metrics(plan, cost)
     rank = sm["rank_time"][:n_steps]

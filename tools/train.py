@@ -27,10 +27,7 @@ per-rank main loop and :func:`run` spawns the ranks; both are importable.
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import json
-import os
 import sys
 import tempfile
 import time
@@ -38,9 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tools.ranks import load_dataset, spawn_ranks, sum_grads  # noqa: F401 (train.load_dataset)
 from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum
 
 
@@ -116,11 +112,6 @@ def make_dataset(folder, workload: str, samples: int, scale: float, vocab: int,
     return path
 
 
-def load_dataset(path: Path):
-    import datasets
-    return datasets.Dataset.from_parquet(str(path), cache_dir=str(Path(path).parent / "hf_cache"))
-
-
 def eval_batches(args) -> list[tuple]:
     """The held-out set: ``--eval-docs`` documents made like the training ones (another seed,
     cut to the capacity), packed in order into microbatches of at most ``--capacity`` tokens;
@@ -166,8 +157,8 @@ def eval_loss(model, batches) -> float:
 
 def build_loader(args, ds, rank: int, world: int):
     from balancer import Layout, PlannerConfig, SampleTable, load_cost_model
-    from balancer.collate import PackedCollator, PackedDataset
-    from balancer.sampler import PackedBatchSampler
+    from balancer.loader.collate import PackedCollator, PackedDataset
+    from balancer.loader.sampler import PackedBatchSampler
     cost = load_cost_model(args.cost_model)
     layout = Layout(dp=world, microbatches=args.microbatches, capacity=args.capacity)
     seed = args.seed if args.shuffle_seed is None else args.shuffle_seed
@@ -265,43 +256,6 @@ class _null:
         return False
 
 
-def sum_grads(params) -> None:
-    """Sum every parameter's gradient over the ranks in one all-reduce (a parameter without a
-    gradient counts as zeros and gets the sum)."""
-    flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else
-                      torch.zeros(p.numel(), dtype=p.dtype) for p in params])
-    dist.all_reduce(flat)
-    off = 0
-    for p in params:
-        n = p.numel()
-        if p.grad is None:
-            p.grad = flat[off:off + n].view_as(p).clone()
-        else:
-            p.grad.copy_(flat[off:off + n].view_as(p))
-        off += n
-
-
-def _rank_entry(rank: int, train_rank, world: int, args: argparse.Namespace, init: str,
-                out: str):
-    """One spawned rank: ``train_rank(rank, world, args)`` in the gloo group; rank 0 writes every
-    rank's records to ``out`` once all have finished."""
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
-    try:
-        records = train_rank(rank, world, args)
-        gathered = [None] * world
-        dist.all_gather_object(gathered, records)
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump(gathered, f)
-        dist.barrier()
-    finally:
-        # drop DDP's reducer and any finished work before the group goes: gloo aborts the
-        # process when its threads release Python objects during interpreter shutdown
-        gc.collect()
-        dist.destroy_process_group()
-
-
 def merge_log(args: argparse.Namespace, per_rank: list[list[dict]]) -> dict:
     """Per-rank records -> the JSON log (one entry per step, per-rank lists)."""
     n = min(len(r) for r in per_rank)
@@ -343,42 +297,6 @@ def _warm_numba_cache(args) -> None:
     warmup([args.strategy], load_cost_model(args.cost_model),
            Layout(dp=args.world, microbatches=args.microbatches, capacity=128),
            PlannerConfig(strategy=args.strategy, over_length="chunk"))
-
-
-def _read_records(path: str):
-    """The gathered per-rank records, or None when the file is missing or incomplete."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def spawn_ranks(train_rank, args: argparse.Namespace, tmp: str) -> list[list[dict]]:
-    """Run ``train_rank(rank, world, args)`` on ``args.world`` spawned ranks in one gloo group
-    (``file://`` rendezvous in ``tmp``, ``args.timeout``); returns the per-rank records.
-    ``train_rank`` must be importable (module level), as for any spawned process."""
-    out = os.path.join(tmp, "records.json")
-    init = f"file://{tmp}/rendezvous"
-    crash = None
-    try:
-        mp.start_processes(_rank_entry, args=(train_rank, args.world, args, init, out),
-                           nprocs=args.world, join=True, start_method="spawn")
-    except mp.ProcessExitedException as exc:
-        crash = exc
-    # gloo has been seen (about once in 40 runs here) to abort a rank with "terminate called
-    # without an active exception" while the process group is torn down. Rank 0 writes the
-    # records only after every rank finished training, so a complete file means the run is
-    # whole; anything less is a real failure
-    per_rank = _read_records(out)
-    if per_rank is None:
-        if crash is not None:
-            raise crash
-        raise RuntimeError("the ranks exited without writing their records")
-    if crash is not None:
-        print(f"train: a rank died after the run completed ({crash}); its records are "
-              "complete", file=sys.stderr, flush=True)
-    return per_rank
 
 
 def run(args: argparse.Namespace) -> dict:

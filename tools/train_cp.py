@@ -6,16 +6,16 @@ attention (a differentiable all-gather of K/V inside the group's gloo subgroup).
     ./dev python tools/train_cp.py --cp-mode fixed ...     # fixed CP of degree --cp, same loader
 
 The pool is ``--world`` ranks (``dp = world / cp``). ``--cp-mode hybrid`` plans with ``--strategy``
-(default the library's, ``hybrid_stream``: :func:`balancer.hybrid.plan_hybrid_stream`); ``--cp-mode fixed`` with the fixed-CP baseline
+(default the library's, ``hybrid_stream``: :func:`balancer.planning.hybrid.plan_hybrid_stream`); ``--cp-mode fixed`` with the fixed-CP baseline
 ``fixed_cp<cp>`` (documents longer than ``cp x rank_capacity`` cut), both through
-:class:`balancer.hybrid_loader.HybridBatchSampler`. Every rank creates every aligned group up
-front (:func:`balancer.hybrid_loader.aligned_groups`, the same ``new_group`` calls everywhere)
+:class:`balancer.loader.hybrid.HybridBatchSampler`. Every rank creates every aligned group up
+front (:func:`balancer.loader.hybrid.aligned_groups`, the same ``new_group`` calls everywhere)
 and picks, per round, the one its batch names. The loss of a round is the summed token
 cross-entropy over the step's loss tokens (from the plan), gradients are summed over the pool
 once per step, so a step's gradient is the token mean over the global batch.
 
 The log (``--log``) holds per step and rank the measured compute and step time, and the
-step's estimate under the CP cost model (:func:`balancer.hybrid.estimate`, one exchange per
+step's estimate under the CP cost model (:func:`balancer.planning.hybrid.estimate`, one exchange per
 group microbatch as this trainer runs it; the per-document figure too) built from the
 calibrated CPU preset ``--cost-model`` (``tiny-lm-cpu``) and the gloo figures ``--gloo-bandwidth``
 / ``--gloo-latency``.
@@ -62,7 +62,7 @@ def shard_layout(shard: dict, size: int, me: int) -> dict:
     """What the CP attention needs of a group microbatch, once per batch: the permutation
     putting the gathered shards in padded order, and per document its two zigzag chunks in
     this shard (rows, first position, real query count)."""
-    from balancer.cp_shard import shard_index
+    from balancer.loader.cp_shard import shard_index
     cu = shard["cu_seqlens"].numpy().astype(np.int64)
     cu_pad = shard["cu_seqlens_padded"].numpy().astype(np.int64)
     lens = np.diff(cu)
@@ -115,7 +115,7 @@ def shard_forward(model, shard: dict, group, size: int, me: int) -> torch.Tensor
 def make_groups(world: int) -> dict:
     """Every aligned group of the pool as a gloo subgroup, created in the same order on every
     rank (``new_group`` is collective over the world)."""
-    from balancer.hybrid_loader import aligned_groups
+    from balancer.loader.hybrid import aligned_groups
     return {ranks: dist.new_group(list(ranks)) for ranks in aligned_groups(world)}
 
 
@@ -148,8 +148,8 @@ def round_forward(model, batch: dict, groups: dict):
 def demo_cost_model(args):
     """The CP cost model of the demo: the calibrated CPU preset for compute, TinyLM's shape for
     the K/V bytes, gloo's figures for the exchange (one 'node': every group is intra-node)."""
-    from balancer.cost import ModelSpec, load_cost_model
-    from balancer.cp_cost import CPCostModel, CPHardware
+    from balancer.cost.model import ModelSpec, load_cost_model
+    from balancer.cost.cp import CPCostModel, CPHardware
     spec = ModelSpec(hidden=args.dim, layers=args.layers, heads=args.heads, ffn=4 * args.dim,
                      vocab=args.vocab)
     bw, lat = args.gloo_bandwidth, args.gloo_latency
@@ -167,7 +167,7 @@ def demo_cost_model(args):
 
 def build_sampler(args, lengths, rank):
     from balancer.config import Layout
-    from balancer.hybrid_loader import HybridBatchSampler
+    from balancer.loader.hybrid import HybridBatchSampler
     from balancer.samples import SampleTable
     dp = args.world // args.cp
     layout = Layout(dp=dp, cp=args.cp, microbatches=args.microbatches,
@@ -180,9 +180,9 @@ def build_sampler(args, lengths, rank):
 
 # ---- the per-rank loop ----------------------------------------------------------------------
 def train_rank(rank: int, world: int, args) -> list[dict]:
-    from balancer.collate import PackedDataset
-    from balancer.hybrid_loader import HybridCollator
-    from tools.train import load_dataset, sum_grads
+    from balancer.loader.collate import PackedDataset
+    from balancer.loader.hybrid import HybridCollator
+    from tools.ranks import load_dataset, sum_grads
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
@@ -230,7 +230,7 @@ def train_rank(rank: int, world: int, args) -> list[dict]:
 
 def estimate_steps(args, lengths) -> dict:
     """The CP cost model's estimate of every step of the plan the ranks train."""
-    from balancer.hybrid import estimate
+    from balancer.planning.hybrid import estimate
     s = build_sampler(args, lengths, 0)
     # the demo runs one all-gather per layer per group round for all the group's sharded
     # documents: one exchange per group microbatch; the per-document figure is logged too
@@ -291,7 +291,7 @@ def run(args) -> dict:
         import pyarrow.parquet as pq
         lengths = pq.read_table(args.data_path, columns=["length"])["length"].to_numpy()
         est = estimate_steps(args, lengths)   # also compiles the kernels before the ranks
-        from tools.train import spawn_ranks
+        from tools.ranks import spawn_ranks
         per_rank = spawn_ranks(train_rank, args, tmp)
     n = min(len(r) for r in per_rank)
     steps = []

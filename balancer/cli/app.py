@@ -7,21 +7,23 @@ run)); each command module fills its rows with :func:`~balancer.cli.commands.com
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from .commands import COMMANDS, command  # noqa: F401 (balancer.cli.command: the old home)
+from .commands import COMMANDS
 
 #: modules that register commands when imported, in --help order (missing ones are skipped)
-COMMAND_MODULES = ("cli.compare", "cli.report", "cli.store", "cli.calibrate", "cli.compile")
+COMMAND_MODULES = ("balancer.cli.compare", "balancer.cli.report", "balancer.cli.store",
+                   "balancer.cli.calibrate", "balancer.cli.compile")
 
 
 def main(argv=None) -> int:
     # importing these registers their commands
     for mod in COMMAND_MODULES:
         try:
-            __import__(f"balancer.{mod}")
+            importlib.import_module(mod)
         except ModuleNotFoundError as e:
-            if e.name != f"balancer.{mod}":
+            if e.name != mod:
                 raise
     p = argparse.ArgumentParser(prog="python -m balancer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)

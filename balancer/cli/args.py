@@ -157,7 +157,7 @@ def add_cp_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp-mode", choices=("fixed", "hybrid"), default="fixed",
                    help="fixed: every microbatch on a CP group of --cp ranks; hybrid: the "
                         "--dp x --cp ranks of a stage are one pool and every document gets its "
-                        "own CP degree (balancer.hybrid)")
+                        "own CP degree (balancer.planning.hybrid)")
     g.add_argument("--rank-capacity", type=int, default=None,
                    help="tokens one rank holds in one microbatch round (memory); in fixed mode "
                         "the microbatch capacity is cp x this; needed by --cp-mode hybrid; "

@@ -6,7 +6,7 @@ and what a stored plan holds.
 flags actually given on the command line, which override everything. Keys are the flag names
 with ``_`` (``dp``, ``capacity``, ``cost_model``, ``max_delay``, ``window_samples``, ...); an
 unknown key is an error. Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank runs the same
-command and plans its share of the windows (see :mod:`balancer.precompute`).
+command and plans its share of the windows (see :mod:`balancer.store.precompute`).
 """
 from __future__ import annotations
 

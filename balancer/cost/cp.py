@@ -2,7 +2,7 @@
 part of the K/V exchange (issue #15, item 1).
 
 A document of ``L`` tokens on a CP group of ``g`` ranks (``g`` a power of two) is padded to a
-multiple of ``2 g`` and zigzag-sharded (:mod:`balancer.cp_shard`): rank ``r`` holds chunks ``r``
+multiple of ``2 g`` and zigzag-sharded (:mod:`balancer.loader.cp_shard`): rank ``r`` holds chunks ``r``
 and ``2 g - 1 - r``. Per rank, per training step of that document:
 
 * **compute** = attention x (the largest rank's share of the causal query-key pairs, from

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 
 def _packed_sampler(batch_sampler):
-    from ..sampler import PackedBatchSampler
+    from ..loader.sampler import PackedBatchSampler
     return isinstance(batch_sampler, PackedBatchSampler)
 
 

@@ -6,7 +6,7 @@ default ``use_cache=True`` it creates a ``DynamicCache``, skips that detection a
 attends across the documents before it (sdpa, eager and flex_attention alike). So:
 
 * :func:`model_inputs` (``mask="positions"``, the default) returns the keys of
-  ``DataCollatorWithFlattening`` (:func:`balancer.adapters.hf_flattening`) **with**
+  ``DataCollatorWithFlattening`` (:func:`balancer.loader.adapters.hf_flattening`) **with**
   ``use_cache=False``: exact for sdpa, eager, flex_attention and flash_attention_2/3 (which take
   the ``cu_seq_lens_*`` keys) with everything else at the model's defaults;
 * ``mask="additive"``: an explicit float 4D mask ``[1, 1, T, T]`` (0 = attend, the dtype's
@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..adapters import flex_block_mask, hf_flattening
+from ..loader.adapters import flex_block_mask, hf_flattening
 
 MASKS = ("positions", "additive", "block")
 

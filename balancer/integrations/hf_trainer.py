@@ -14,7 +14,7 @@ What the mixin changes, and why:
 
 * ``get_train_dataloader`` builds ``DataLoader(PackedDataset(train_dataset),
   batch_sampler=packed_sampler, collate_fn=...)`` (a ``datasets.Dataset`` with an ``input_ids``
-  column, or anything :class:`~balancer.collate.PackedDataset` reads; for ``SFTTrainer`` pass
+  column, or anything :class:`~balancer.loader.collate.PackedDataset` reads; for ``SFTTrainer`` pass
   ``SFTConfig(dataset_kwargs={"skip_prepare_dataset": True})``) and prepares it with :func:`balancer.integrations.accelerate.prepare_loader`
   (``accelerator.prepare`` would re-shard the per-rank sampler and drop microbatches); every
   batch is :func:`balancer.integrations.hf.model_inputs` (``use_cache=False``: exact per
@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from ..collate import PackedCollator, PackedDataset
+from ..loader.collate import PackedCollator, PackedDataset
 from .accelerate import prepare_loader
 from .hf import model_inputs
 
@@ -45,7 +45,7 @@ META = "balancer"
 
 
 class HFPackedCollator:
-    """``collate_fn``: :class:`~balancer.collate.PackedCollator` then
+    """``collate_fn``: :class:`~balancer.loader.collate.PackedCollator` then
     :func:`balancer.integrations.hf.model_inputs` (positions route), with the plan metadata under
     ``"balancer"`` (epoch, position, step, slot, step_microbatches, step_loss_tokens,
     sample_ids, sample_starts, lengths)."""

@@ -4,7 +4,7 @@ Megatron's THD path consumes.
 Current Megatron (``megatron.core.utils.get_thd_batch_on_this_cp_rank``) takes the *whole*
 packed microbatch, every document padded to a multiple of ``2 cp`` tokens, and cuts the CP
 shard itself with Transformer Engine's ``thd_get_partitioned_indices``; the per-rank shards of
-:class:`~balancer.collate.PackedCollator` are for loops that shard in the loader.
+:class:`~balancer.loader.collate.PackedCollator` are for loops that shard in the loader.
 
 * :class:`PaddedCollator` — ``collate_fn`` giving that padded, unsharded microbatch: the
   collator's keys over ``cu_seqlens_padded[-1]`` tokens (pads: token ``pad_token_id``, labels
@@ -26,8 +26,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import cp_shard
-from ..collate import IGNORE, FetchedMicrobatch, PackedCollator
+from ..loader import cp_shard
+from ..loader.collate import IGNORE, FetchedMicrobatch, PackedCollator
 
 
 
@@ -71,7 +71,7 @@ def pad_microbatch(batch: dict, cp: int, pad_token_id: int = 0) -> dict:
 
 
 class PaddedCollator:
-    """``collate_fn`` for :class:`~balancer.collate.PackedDataset`: the whole microbatch of the
+    """``collate_fn`` for :class:`~balancer.loader.collate.PackedDataset`: the whole microbatch of the
     ref, padded for ``cp`` (default: the sampler's CP size) and not sharded; every CP rank of a
     DP replica gets the same batch (Megatron shards it)."""
 

@@ -11,14 +11,14 @@
 :func:`lockstep_imbalance` measures the second: per step, ``sum_k max_r cost[r, k]`` over the
 mean per-rank cost ``sum cost / dp`` (1.0 = no rank ever waits at a microbatch boundary).
 :func:`rank_sum_imbalance` is the first (max / mean of per-rank sums; ``dp_imbalance`` of
-:func:`balancer.metrics.step_metrics` when pp == 1).
+:func:`balancer.report.metrics.step_metrics` when pp == 1).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..cost import CostModel
-from ..planner import Plan
+from ..cost.model import CostModel
+from ..planning.planner import Plan
 
 #: the ``Layout.sync`` each trainer needs (what :func:`sync_for` answers)
 TRAINER_SYNC = {

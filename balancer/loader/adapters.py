@@ -1,4 +1,4 @@
-"""Adapters from a :class:`~balancer.collate.PackedCollator` batch to what consumers take.
+"""Adapters from a :class:`~balancer.loader.collate.PackedCollator` batch to what consumers take.
 
 * :func:`flash_attn_kwargs` — ``flash_attn_varlen_func(q, k, v, **kwargs, causal=True)`` with
   ``q``/``k``/``v`` of shape ``[T, heads, head_dim]`` (fp16/bf16, on the GPU) and

@@ -2,7 +2,7 @@
 
 ``DataLoader(PackedDataset(ds), batch_sampler=PackedBatchSampler(...),
 collate_fn=PackedCollator())`` yields one dict per microbatch of this rank. The dataset wrapper
-receives the sampler's :class:`~balancer.sampler.MicrobatchRef` in ``__getitems__`` and returns
+receives the sampler's :class:`~balancer.loader.sampler.MicrobatchRef` in ``__getitems__`` and returns
 the documents' token ids already cut to their ``[start, start + length)`` ranges; the collator
 turns them into the batch below (torch tensors unless ``return_tensors="np"``).
 
@@ -25,7 +25,7 @@ Keys (T = tokens this rank holds, N = documents in the microbatch):
 * ``epoch``, ``position``, ``step``, ``slot``, ``step_microbatches``, ``mb`` (the plan's
   microbatch id), ``last_in_step`` (bool);
 * with cp > 1: ``cp_index`` int64[T] (positions of this shard in the padded microbatch, see
-  :mod:`balancer.cp_shard`), ``cp_owner`` int64[N] (-1 zigzag, else the owning rank),
+  :mod:`balancer.loader.cp_shard`), ``cp_owner`` int64[N] (-1 zigzag, else the owning rank),
   ``cp_attention`` float64[cp] (causal attention pairs per CP rank), ``cp``, ``cp_rank``.
 """
 from __future__ import annotations
@@ -184,7 +184,7 @@ class PackedCollator:
     """``collate_fn`` for :class:`PackedDataset` batches (see the module docstring for keys).
 
     ``cp_balance``: ``"zigzag"`` shards every document; ``"auto"`` keeps documents whole on one
-    CP rank when :func:`balancer.cp_shard.choose_owners` finds that balances the ranks better
+    CP rank when :func:`balancer.loader.cp_shard.choose_owners` finds that balances the ranks better
     under ``cost`` (at most ``max_rank_tokens`` padded tokens per rank)."""
 
     def __init__(self, return_tensors: str = "pt", cp_balance: str = "zigzag",

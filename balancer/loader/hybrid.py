@@ -9,10 +9,10 @@ batches per step (one per round of the plan, :mod:`packing.hybrid_cp`). Pool ran
 one aligned group ``[offset, offset + size)`` of that round; the group's items are documents
 (or, for ``fixed_cp<c>`` strategies that cut, pieces ``[start, start + length)`` of them),
 each either zigzag-sharded over the whole group (every member holds chunks ``i`` and
-``2 size - 1 - i`` of it, ``i`` its index in the group, :mod:`balancer.cp_shard`) or whole on
+``2 size - 1 - i`` of it, ``i`` its index in the group, :mod:`balancer.loader.cp_shard`) or whole on
 one member. The rank's batch:
 
-* ``whole``: the packed (THD) keys of :func:`balancer.collate.pack_documents` (cp = 1) of the
+* ``whole``: the packed (THD) keys of :func:`balancer.loader.collate.pack_documents` (cp = 1) of the
   documents it holds whole, or None; ``whole_sample_ids``/``whole_sample_starts`` int64[Nw];
 * ``shard``: the packed keys of the group's sharded documents, this member's zigzag shard
   (``cp = size``, ``cp_rank = index``: ``cp_index`` locates the shard in the padded group
@@ -71,7 +71,7 @@ class HybridBatchSampler(Sampler):
 
     ``layout`` must have ``cp_mode='hybrid'`` (its ``rank_capacity`` must equal the cost
     model's) and ``pp == 1``; the pool is ``dp x cp`` ranks. Each epoch is planned in the
-    process that owns the sampler, in the order :func:`balancer.planner.epoch_order` ``(seed,
+    process that owns the sampler, in the order :func:`balancer.planning.planner.epoch_order` ``(seed,
     epoch)`` gives, cut into global batches of ``batch_tokens`` (default ``dp x cp x
     microbatches x rank_capacity``), each planned by ``strategy`` (default ``hybrid_stream``:
     tall documents move at most ``max_delay`` steps to share tall rounds; ``hybrid``: every
@@ -260,7 +260,7 @@ class HybridBatchSampler(Sampler):
 
 
 class HybridCollator:
-    """``collate_fn`` for :class:`balancer.collate.PackedDataset` batches of a
+    """``collate_fn`` for :class:`balancer.loader.collate.PackedDataset` batches of a
     :class:`HybridBatchSampler` (keys in the module docstring; torch tensors unless
     ``return_tensors='np'``)."""
 

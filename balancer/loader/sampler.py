@@ -8,7 +8,7 @@ honours the ``batch_sampler`` contract) that also carries, as attributes, what t
 say: the token range of every document (chunk pieces of over-long samples are
 ``tokens[start:start + length]``), the step, the loss-token counts and the CP coordinates. The
 DataLoader passes the yielded object untouched (pickled, with its attributes, to workers) to
-``dataset.__getitems__``, which is how :class:`balancer.collate.PackedDataset` sees the slicing.
+``dataset.__getitems__``, which is how :class:`balancer.loader.collate.PackedDataset` sees the slicing.
 
 The plan is built (or loaded) once per epoch in the process that owns the sampler; workers only
 fetch and collate, so packers never run per worker. ``__len__`` is this rank's exact microbatch
@@ -147,7 +147,7 @@ class PackedBatchSampler(Sampler):
             layout = layout or first.layout
         if layout is not None and getattr(layout, "cp_mode", "fixed") == "hybrid":
             raise ValueError("layout cp_mode='hybrid': PackedBatchSampler serves fixed CP; use "
-                             "balancer.hybrid_loader.HybridBatchSampler and HybridCollator")
+                             "balancer.loader.hybrid.HybridBatchSampler and HybridCollator")
         self.layout = layout
         self._set_ranks(num_replicas, rank, dp_rank, cp_rank, pp_rank, tp)
         self._carry: dict[int, Optional[Items]] = {0: None}

@@ -17,7 +17,7 @@ Per step and DP rank (all numpy, computed from the plan alone, no communication)
   destination rank, to send), ``send_splits`` int64[dp], ``recv_splits`` int64[dp] (an
   ``all_to_all_single`` with these splits moves the embeddings; autograd moves the gradients
   back), and ``recv_row`` (media id -> first row of the item in the received buffer);
-* :func:`collate_microbatch`: :func:`balancer.collate.pack_documents` of the expanded sequences
+* :func:`collate_microbatch`: :func:`balancer.loader.collate.pack_documents` of the expanded sequences
   plus ``embed_positions`` int64[V] (positions in this rank's (CP shard of the) sequence) and
   ``embed_rows`` int64[V] (rows of the received buffer): ``inputs_embeds[embed_positions] =
   received[embed_rows]``; labels are -100 on placeholders and where the next token is one.

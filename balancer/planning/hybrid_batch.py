@@ -2,7 +2,7 @@
 the fixed-CP baseline, and the items they plan (documents, or pieces of them when cutting).
 
 * :func:`plan_hybrid`: per-document CP degree on one pool of ``P = dp x cp`` ranks, the compiled
-  planner of :mod:`packing.hybrid_cp` on the cost table of :class:`balancer.cp_cost.CPCostModel`.
+  planner of :mod:`packing.hybrid_cp` on the cost table of :class:`balancer.cost.cp.CPCostModel`.
   Documents are never cut unless ``over_limit="chunk"`` and a document is longer than the largest
   aligned group holds.
 * :func:`plan_fixed_cp`: fixed CP of degree ``cp`` (``P / cp`` groups, the same partition every

@@ -4,17 +4,17 @@ planner or its baselines, fixed-mode plans seen as CP rounds, and the per-strate
 
 Strategies of the hybrid mode (:data:`HYBRID_STRATEGIES`, plus ``fixed_cp<c>``):
 
-* ``hybrid``: :func:`balancer.hybrid.plan_hybrid` per global batch (per-document CP degree);
-* ``hybrid_stream``: :func:`balancer.hybrid.plan_hybrid_stream` (tall documents may move to a
+* ``hybrid``: :func:`balancer.planning.hybrid.plan_hybrid` per global batch (per-document CP degree);
+* ``hybrid_stream``: :func:`balancer.planning.hybrid.plan_hybrid_stream` (tall documents may move to a
   nearby step, at most ``max_delay`` steps late or early);
-* ``megatron_hybrid``: Megatron-LM's hybrid CP rule (:func:`balancer.hybrid.plan_megatron_hybrid`);
-* ``fixed_cp<c>``: fixed CP of degree ``c`` (:func:`balancer.hybrid.plan_fixed_cp`); documents
+* ``megatron_hybrid``: Megatron-LM's hybrid CP rule (:func:`balancer.planning.hybrid.plan_megatron_hybrid`);
+* ``fixed_cp<c>``: fixed CP of degree ``c`` (:func:`balancer.planning.hybrid.plan_fixed_cp`); documents
   longer than ``c x rank_capacity`` are cut (counted in ``documents_cut``).
 
 Every strategy sees the same global batches (consecutive documents of the shuffled stream, a
 batch closing with the document that reaches ``batch_tokens``), so their ``est_step_time_total``
 (seconds per GPU, summed over steps, a barrier ending every microbatch round, from
-:func:`balancer.hybrid.estimate`) compare directly; a fixed-mode :class:`~balancer.planner.Plan`
+:func:`balancer.planning.hybrid.estimate`) compare directly; a fixed-mode :class:`~balancer.planning.planner.Plan`
 converted by :func:`fixed_to_rounds` is evaluated the same way.
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ def plan_strategy(name: str, lengths: np.ndarray, model: CPCostModel, n_ranks: i
 
 
 def fixed_to_rounds(plan, n_samples: Optional[int] = None) -> HybridPlan:
-    """A fixed-mode :class:`~balancer.planner.Plan` as CP rounds on the stage's pool of
+    """A fixed-mode :class:`~balancer.planning.planner.Plan` as CP rounds on the stage's pool of
     ``dp x cp`` ranks: microbatch ``j`` of DP rank ``d`` in a step is round ``j`` of that step
     on the group of ranks ``d cp .. d cp + cp - 1``, every document sharded over it (whole on
     its one rank when cp == 1). Items are the plan's entries (pieces of cut samples included);
@@ -291,7 +291,7 @@ def compare_hybrid(lengths: np.ndarray, model: CPCostModel, n_ranks: int, batch_
                    order: Optional[np.ndarray] = None,
                    over_limit: str = "error") -> tuple[dict, dict, dict]:
     """Plan ``lengths`` (int64[n]) in the stream order ``order`` (a permutation, default the
-    identity; :func:`balancer.planner.epoch_order` gives the fixed mode's) with every hybrid-mode
+    identity; :func:`balancer.planning.planner.epoch_order` gives the fixed mode's) with every hybrid-mode
     strategy and summarise each: ``(result, plot details, plans)``; the plans' ``item_doc`` are
     sample ids. Adds to ``hybrid``/``hybrid_stream`` the ratios of the issue's targets (to
     ``megatron_hybrid``, to the fixed degree that cuts nothing and to the best fixed degree)."""

@@ -6,7 +6,7 @@ the workload with every strategy asked for (default: the baselines and ``balance
 DIR`` reports a stored plan (``balancer.store``). Either way it writes, under ``--out``:
 
 * ``report.json``: the stable per-strategy block of ``tools/bench.py``
-  (:func:`balancer.metrics.plan_summary`) plus every extra figure (padding, lower bounds,
+  (:func:`balancer.report.metrics.plan_summary`) plus every extra figure (padding, lower bounds,
   GPU-time breakdown, microbatch order effect, delay histogram, speedups, per-step series);
 * ``report.md``: the same as tables a person reads;
 * ``*.png``: imbalance per step, per-rank cost distribution, the 1F1B timeline of the worst
@@ -42,7 +42,7 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
     """The report block of one plan and the arrays the plots need (None for an invalid plan).
 
     ``lengths`` int64[n] are the samples' lengths (None: inferred from the plan, see
-    :func:`balancer.metrics.validate_plan`)."""
+    :func:`balancer.report.metrics.validate_plan`)."""
     check = metrics.validate_plan(plan, lengths)
     if not check["valid"]:
         return {"valid": False, "problems": check["problems"], "steps": plan.n_steps,
@@ -56,7 +56,7 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
     block = metrics.plan_summary(plan, cost, lengths)
     block["problems"] = []
     # the hybrid interface's keys (issue #15); the exchange is modelled only by --cp-mode hybrid
-    # and tools/bench.py --rank-capacity (balancer.hybrid_eval)
+    # and tools/bench.py --rank-capacity (balancer.planning.hybrid_eval)
     block["documents_cut"] = int(block.get("samples_chunked", 0))
     block["exposed_comm_fraction"] = 0.0 if plan.layout.cp == 1 else None
     block["plan_seconds_per_step"] = block["plan_seconds"] / max(plan.n_steps, 1)

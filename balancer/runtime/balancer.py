@@ -8,7 +8,7 @@ Per step (:meth:`RuntimeBalancer.step`), on every rank of the DP group:
 2. plan: :class:`~balancer.runtime.plan.StepPlanner` on the gathered offers (the same plan on
    every rank, no further communication);
 3. move: one ``all_to_all_single`` of the payload bytes (:mod:`~balancer.runtime.exchange`);
-4. collate: every microbatch through :class:`balancer.collate.PackedCollator` (the keys the
+4. collate: every microbatch through :class:`balancer.loader.collate.PackedCollator` (the keys the
    offline loader yields), plus ``source_rank``/``source_index`` int64[N] and the payload's other
    fields (per-token ones ``[T, ...]`` in packed order, per-sample ones ``[N, ...]``);
 5. carry: samples the plan keeps for later stay on their rank and are offered again next step.
@@ -26,10 +26,10 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..collate import FetchedMicrobatch, PackedCollator
+from ..loader.collate import FetchedMicrobatch, PackedCollator
 from ..config import Layout, PlannerConfig
-from ..cost import CostModel
-from ..sampler import MicrobatchRef
+from ..cost.model import CostModel
+from ..loader.sampler import MicrobatchRef
 from .exchange import all_to_all
 from .gather import agree, gather_object, gather_offers, world_of
 from .payload import TOKENS, Columns, FieldSpec

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import Layout, PlannerConfig
-from ..planner import padded_sizes
+from ..planning.planner import padded_sizes
 
 I64 = np.int64
 

@@ -41,8 +41,8 @@ from typing import Literal, Optional, Union
 import numpy as np
 
 from ..config import Layout, PlannerConfig
-from ..cost import CostModel
-from ..planner import padded_sizes
+from ..cost.model import CostModel
+from ..planning.planner import padded_sizes
 from ..strategies.registry import get as strategy_fn
 from .offers import I64, Offers, StepPlan
 

@@ -35,7 +35,7 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 
 from ..config import Layout, PlannerConfig
-from ..cost import CostModel
+from ..cost.model import CostModel
 from .balancer import LOCAL_ERRORS, RuntimeBalancer, StepResult, restore
 from .payload import TOKENS, Columns
 from .plan import StepPlan

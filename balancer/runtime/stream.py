@@ -1,6 +1,6 @@
 """Streaming input: an ``IterableDataset`` wrapper that reads this rank's own stream, buffers one
 global batch over the DP ranks, balances it with :class:`~balancer.runtime.RuntimeBalancer`
-and yields this rank's packed microbatches (the keys of :class:`balancer.collate.PackedCollator`
+and yields this rank's packed microbatches (the keys of :class:`balancer.loader.collate.PackedCollator`
 plus ``source_rank``/``source_index``).
 
 ``source`` is any iterable of rows -- a Hugging Face ``IterableDataset`` (after
@@ -50,7 +50,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..config import Layout, PlannerConfig
-from ..cost import CostModel
+from ..cost.model import CostModel
 from .balancer import LOCAL_ERRORS, RuntimeBalancer
 from .payload import TOKENS, Columns
 

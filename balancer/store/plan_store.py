@@ -19,7 +19,7 @@ Every ``.npy`` has a fixed 128-byte header (so a writer can append data before i
 final shape and fill the header in last) and is memory-mapped read-only by :func:`load_plan`.
 The manifest records the format version, layout, planner config, cost model, the dataset's
 fingerprint and size, the SHA-256 of every array and summary statistics. Microbatches are
-step-major, then rank-major, then in pipeline order (as in :class:`balancer.planner.Plan`).
+step-major, then rank-major, then in pipeline order (as in :class:`balancer.planning.planner.Plan`).
 CP sharding is per-document zigzag (``cp_sharding``), computed by the loader, not stored.
 
 Writes are atomic: everything goes into a hidden sibling directory, every file and the

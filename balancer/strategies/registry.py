@@ -103,11 +103,3 @@ def token_and_count_budget(budget: int, weights) -> tuple[int, int | None]:
     (``weights`` None), ``(unbounded tokens, samples)`` for a sample budget."""
     return (budget, None) if weights is None else (1 << 62, budget)
 
-
-def __getattr__(name):
-    # rank_units lived here before it moved to balanced.py (issue #12)
-    if name == "rank_units":
-        return importlib.import_module(f"{__package__}.balanced").rank_units
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-

@@ -9,7 +9,7 @@ import pytest
 
 from balancer import CostModel, Layout, PassCost, PlannerConfig, SampleTable
 from balancer.cli import main
-from balancer.cost import ModelSpec
+from balancer.cost.model import ModelSpec
 from packing.validate import MAX_LENGTH, as_sizes
 
 
@@ -137,7 +137,7 @@ def test_analytic_model_with_absurd_sizes_is_refused():
 
 
 def test_mm_cost_model_refuses_inf_and_bad_yaml(tmp_path):
-    from balancer.mm_cost import EncoderSpec, MMCostModel
+    from balancer.multimodal.cost import EncoderSpec, MMCostModel
     with pytest.raises(ValueError, match="attn_backward_ratio"):
         MMCostModel(llm=CostModel.quadratic(), attn_backward_ratio=float("inf"))
     with pytest.raises(ValueError, match="encoder_device_bytes"):

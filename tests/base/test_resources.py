@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer import load_cost_model, mm_cost, mm_workloads, resources, workloads
-from balancer.cost import available_presets
+from balancer import load_cost_model, resources, workloads
+from balancer.multimodal import cost as mm_cost, workloads as mm_workloads
+from balancer.cost.model import available_presets
 
 ROOT = Path(__file__).resolve().parents[2]
 

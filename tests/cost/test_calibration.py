@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer import calibration as cal  # noqa: E402
-from balancer.cost import CostModel, PassCost, load_cost_model  # noqa: E402
+from balancer.cost import calibration as cal  # noqa: E402
+from balancer.cost.model import CostModel, PassCost, load_cost_model  # noqa: E402
 
 # a CPU-like model: a long document is attention-bound, a full packed one linear-bound
 TRUE = {"forward": PassCost(a=1.6e-7, b=4.2e-5, c=7.0e-3, d=1.5e-4),

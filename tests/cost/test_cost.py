@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from balancer.cost import (CostModel, ModelSpec, analytic_training_flops, available_presets,
-                           load_cost_model)
+from balancer.cost.model import (CostModel, ModelSpec, analytic_training_flops, available_presets,
+    load_cost_model)
 
 
 def _llama_params_on_meta(spec: ModelSpec) -> int:
@@ -28,7 +28,7 @@ def _llama_params_on_meta(spec: ModelSpec) -> int:
 def test_analytic_flops_match_6NT_plus_attention(preset):
     cost = load_cost_model(preset)
     import yaml
-    from balancer.cost import config_dir
+    from balancer.cost.model import config_dir
     spec = ModelSpec(**yaml.safe_load(open(config_dir() / "models" / f"{preset}.yaml"))["model"])
     n_params = _llama_params_on_meta(spec)
     lengths = np.array([512, 4096, 32768, 100])

@@ -17,7 +17,7 @@ def tiny_llama(attn="sdpa", dtype=torch.float64, seed=0):
 
 def workload(n=48, seed=0):
     from balancer import CostModel, Layout, PlannerConfig, SampleTable
-    from balancer.collate import FlatTokens
+    from balancer.loader.collate import FlatTokens
     lengths = np.random.default_rng(seed).integers(1, 60, n)
     layout = Layout(dp=2, microbatches=2, capacity=128)
     return (SampleTable(lengths), CostModel.quadratic(4096), layout,

@@ -9,8 +9,8 @@ from integration_helpers import need  # noqa: E402
 
 transformers = need("transformers")
 
-from balancer.adapters import hf_flattening  # noqa: E402
-from balancer.collate import FetchedMicrobatch, PackedCollator  # noqa: E402
+from balancer.loader.adapters import hf_flattening  # noqa: E402
+from balancer.loader.collate import FetchedMicrobatch, PackedCollator  # noqa: E402
 from balancer.integrations import hf  # noqa: E402
 from integration_helpers import VOCAB, doc_loss_sum, tiny_llama  # noqa: E402
 

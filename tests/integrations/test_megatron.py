@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from balancer import CostModel, cp_shard
-from balancer.adapters import packed_seq_params
-from balancer.collate import FetchedMicrobatch, PackedCollator
+from balancer import CostModel
+from balancer.loader import cp_shard
+from balancer.loader.adapters import packed_seq_params
+from balancer.loader.collate import FetchedMicrobatch, PackedCollator
 from balancer.integrations.megatron import (PaddedCollator, megatron_batch,
                                             te_partition_index)
-from balancer.sampler import MicrobatchRef
+from balancer.loader.sampler import MicrobatchRef
 from integration_helpers import need
 
 LENGTHS = [300, 7, 45, 1, 90, 18, 5, 64]

@@ -11,7 +11,7 @@ from integration_helpers import need  # noqa: E402
 transformers = need("transformers")
 
 from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable  # noqa: E402
-from balancer.collate import FlatTokens  # noqa: E402
+from balancer.loader.collate import FlatTokens  # noqa: E402
 from balancer.integrations.hf_trainer import PackedTrainerMixin, causal_lm_loss  # noqa: E402
 from integration_helpers import (VOCAB, coverage, max_grad_diff, reference_step_grads,  # noqa: E402
                                  tiny_llama)

@@ -44,7 +44,7 @@ def _accelerate_loop(rank):
     from accelerate import Accelerator
 
     from balancer import PackedBatchSampler
-    from balancer.collate import PackedCollator, PackedDataset
+    from balancer.loader.collate import PackedCollator, PackedDataset
     from balancer.integrations.accelerate import check_not_resharded, prepare_loader
     from balancer.integrations.hf import model_inputs
 
@@ -94,7 +94,7 @@ def _hf_trainer(rank, out):
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from balancer import PackedBatchSampler
-    from balancer.collate import PackedDataset
+    from balancer.loader.collate import PackedDataset
     from balancer.integrations.hf_trainer import PackedTrainerMixin, causal_lm_loss
 
     samples, cost, layout, config, ds = workload()

@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, strategies as st
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable
-from balancer.adapters import (dense_document_mask, document_mask_mod, flash_attn_kwargs,
-                               flex_block_mask, hf_flattening, packed_seq_params)
-from balancer.collate import FetchedMicrobatch, FlatTokens, PackedCollator, PackedDataset, \
-    pack_documents
-from balancer.sampler import PackedBatchSampler
+from balancer.loader.adapters import (dense_document_mask, document_mask_mod, flash_attn_kwargs,
+    flex_block_mask, hf_flattening, packed_seq_params)
+from balancer.loader.collate import (FetchedMicrobatch, FlatTokens, PackedCollator, PackedDataset,
+    pack_documents)
+from balancer.loader.sampler import PackedBatchSampler
 
 from tools.tiny_lm import TinyLM, token_loss_sum  # noqa: E402
 

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from balancer import CostModel
-from balancer.collate import pack_documents
-from balancer.cp_shard import choose_owners, padded_lengths, rank_attention, shard_index, unshard
+from balancer.loader.collate import pack_documents
+from balancer.loader.cp_shard import (choose_owners, padded_lengths, rank_attention, shard_index,
+    unshard)
 
 lens_st = st.lists(st.integers(1, 60), min_size=1, max_size=10)
 
@@ -77,7 +78,7 @@ def test_rank_attention_counts_pairs(lengths, cp, data):
 def test_whole_documents_never_worse_than_zigzag(lengths, cp):
     L = np.array(lengths) * 37
     cost = CostModel.quadratic(1024)
-    from balancer.cp_shard import _doc_loads
+    from balancer.loader.cp_shard import _doc_loads
     whole, sharded = _doc_loads(L, cp, cost)
 
     def max_load(owner):

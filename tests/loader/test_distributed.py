@@ -16,8 +16,8 @@ from tests.common.gloo import TIMEOUT_S, run_ranks  # noqa: F401 (the one gloo h
 
 def _coverage(rank, world, out, cp):
     from balancer import CostModel, Layout, PlannerConfig, SampleTable
-    from balancer.collate import FlatTokens, PackedCollator, PackedDataset
-    from balancer.sampler import PackedBatchSampler
+    from balancer.loader.collate import FlatTokens, PackedCollator, PackedDataset
+    from balancer.loader.sampler import PackedBatchSampler
 
     L = np.random.default_rng(7).integers(1, 900, 500)
     layout = Layout(dp=world // cp, cp=cp, microbatches=2, capacity=768)
@@ -94,9 +94,9 @@ def test_four_ranks(tmp_path):
 
 def _cp_attention(rank, world, out, balance):
     from balancer import CostModel
-    from balancer.adapters import dense_document_mask
-    from balancer.collate import FetchedMicrobatch, PackedCollator, pack_documents
-    from balancer.sampler import MicrobatchRef
+    from balancer.loader.adapters import dense_document_mask
+    from balancer.loader.collate import FetchedMicrobatch, PackedCollator, pack_documents
+    from balancer.loader.sampler import MicrobatchRef
     from tools.tiny_lm import Block, masked_attention, varlen_attention
 
     rng = np.random.default_rng(11)

@@ -11,10 +11,10 @@ from hypothesis import given, settings, strategies as st
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from balancer.collate import FlatTokens, PackedDataset
+from balancer.loader.collate import FlatTokens, PackedDataset
 from balancer.config import Layout
-from balancer.cp_cost import CPCostModel
-from balancer.hybrid_loader import HybridBatchSampler, HybridCollator, aligned_groups
+from balancer.cost.cp import CPCostModel
+from balancer.loader.hybrid import HybridBatchSampler, HybridCollator, aligned_groups
 from balancer.samples import SampleTable
 from tests.common.gloo import run_ranks
 
@@ -145,7 +145,7 @@ def test_packed_sampler_refuses_a_hybrid_layout():
 
 
 def _fetch(ds, ref):
-    from balancer.collate import FetchedMicrobatch
+    from balancer.loader.collate import FetchedMicrobatch
     docs = [np.asarray(ds[s][st:st + ln]) for s, st, ln in
             zip(list(ref), ref.starts.tolist(), ref.lengths.tolist())]
     return FetchedMicrobatch(ref, docs)

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable
-from balancer.collate import FlatTokens, PackedCollator, PackedDataset
-from balancer.sampler import PackedBatchSampler
+from balancer.loader.collate import FlatTokens, PackedCollator, PackedDataset
+from balancer.loader.sampler import PackedBatchSampler
 
 COST = CostModel.quadratic(65536)
 EPOCHS = 2

@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch
-from balancer.collate import FlatTokens, PackedCollator, PackedDataset
-from balancer.sampler import MicrobatchRef, PackedBatchSampler, rank_coordinates
+from balancer.loader.collate import FlatTokens, PackedCollator, PackedDataset
+from balancer.loader.sampler import MicrobatchRef, PackedBatchSampler, rank_coordinates
 
 COST = CostModel.quadratic(65536)
 

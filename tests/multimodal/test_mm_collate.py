@@ -10,13 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from balancer import Layout, PlannerConfig
-from balancer.collate import IGNORE
-from balancer.mm_collate import (MediaTokens, MMExample, collate_microbatch, encoder_batch,
-                                 exchange_local, expand_sample, step_route)
-from balancer.mm_cost import EncoderSpec, MMCostModel, ModalityCost, ProjectorSpec
-from balancer.mm_plan import MMConfig, check_media_coverage, plan_multimodal
-from balancer.multimodal import AUDIO, AudioRule, MediaRules, MultimodalTable, VisionRule
-from balancer.cost import CostModel
+from balancer.loader.collate import IGNORE
+from balancer.multimodal.collate import (MediaTokens, MMExample, collate_microbatch, encoder_batch,
+    exchange_local, expand_sample, step_route)
+from balancer.multimodal.cost import EncoderSpec, MMCostModel, ModalityCost, ProjectorSpec
+from balancer.multimodal.plan import MMConfig, check_media_coverage, plan_multimodal
+from balancer.multimodal.table import AUDIO, AudioRule, MediaRules, MultimodalTable, VisionRule
+from balancer.cost.model import CostModel
 
 from tools.tiny_lm import TinyLM  # noqa: E402
 

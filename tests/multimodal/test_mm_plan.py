@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from balancer import Layout, PlannerConfig
-from balancer.metrics import check_coverage
-from balancer.mm_cost import load_mm_cost_model
-from balancer.mm_plan import (MMConfig, check_media_coverage, mm_summary, phase_metrics,
-                              plan_multimodal)
-from balancer.mm_workloads import generate
-from balancer.multimodal import MediaRules, MultimodalTable
+from balancer.report.metrics import check_coverage
+from balancer.multimodal.cost import load_mm_cost_model
+from balancer.multimodal.plan import (MMConfig, check_media_coverage, mm_summary, phase_metrics,
+    plan_multimodal)
+from balancer.multimodal.workloads import generate
+from balancer.multimodal.table import MediaRules, MultimodalTable
 from packing.mm_partition import post_balance
 
 COST = load_mm_cost_model("omni-7b")

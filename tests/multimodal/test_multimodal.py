@@ -3,11 +3,12 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from balancer.cost import available_presets, load_cost_model
-from balancer.mm_cost import EncoderSpec, available_presets as mm_presets, load_mm_cost_model
-from balancer.mm_workloads import available as mm_workloads, generate, load_workload
-from balancer.multimodal import (AUDIO, IMAGE, VIDEO, AudioRule, MediaRules, MultimodalTable,
-                                 VisionRule)
+from balancer.cost.model import available_presets, load_cost_model
+from balancer.multimodal.cost import (EncoderSpec, available_presets as mm_presets,
+    load_mm_cost_model)
+from balancer.multimodal.workloads import available as mm_workloads, generate, load_workload
+from balancer.multimodal.table import (AUDIO, IMAGE, VIDEO, AudioRule, MediaRules, MultimodalTable,
+    VisionRule)
 
 
 def test_qwen2vl_rule_matches_hand_counts():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from balancer.cp_cost import CPCostModel
-from balancer.hybrid import plan_hybrid_stream
+from balancer.cost.cp import CPCostModel
+from balancer.planning.hybrid import plan_hybrid_stream
 from packing.hybrid_cp import check_plan, shelf_cost
 from packing.hybrid_move import move_tall
 from tests.naive import hybrid_stream as ref

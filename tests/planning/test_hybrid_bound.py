@@ -5,8 +5,8 @@ be below the old bound, and equal a slow per-document recomputation."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from balancer.cost import CostModel, ModelSpec
-from balancer.cp_cost import CPCostModel, CPHardware
+from balancer.cost.model import CostModel, ModelSpec
+from balancer.cost.cp import CPCostModel, CPHardware
 from balancer.planning.hybrid import (doc_bounds, estimate, plan_fixed_cp, plan_hybrid,
                                       plan_megatron_hybrid, tight_lower_bound)
 

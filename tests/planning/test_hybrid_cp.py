@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from balancer.cost import CostModel, ModelSpec, load_cost_model
-from balancer.cp_cost import CPCostModel, CPHardware
-from balancer.hybrid import (cut_documents, estimate, plan_fixed_cp, plan_hybrid,
-                             plan_hybrid_stream, plan_megatron_hybrid, plan_stream)
+from balancer.cost.model import CostModel, ModelSpec, load_cost_model
+from balancer.cost.cp import CPCostModel, CPHardware
+from balancer.planning.hybrid import (cut_documents, estimate, plan_fixed_cp, plan_hybrid,
+    plan_hybrid_stream, plan_megatron_hybrid, plan_stream)
 from packing.hybrid_cp import check_plan, plan_batch
 from tests.naive import hybrid_cp as ref
 
@@ -135,8 +135,8 @@ def test_plan_is_deterministic(b):
 
 def test_same_plan_in_another_process():
     code = ("import numpy as np, hashlib;"
-            "from balancer.cp_cost import CPCostModel;"
-            "from balancer.hybrid import plan_hybrid;"
+            "from balancer.cost.cp import CPCostModel;"
+            "from balancer.planning.hybrid import plan_hybrid;"
             "from balancer import workloads;"
             "L = workloads.load('prolong')[:3000];"
             "m = CPCostModel.from_preset('llama-7b', 32768);"

@@ -10,10 +10,10 @@ import pytest
 
 from balancer import cli
 from balancer.config import Layout, PlannerConfig
-from balancer.cp_cost import CPCostModel, CPHardware
-from balancer.hybrid import estimate
-from balancer.hybrid_eval import check_pool_limit, coverage, fixed_to_rounds, plan_strategy
-from balancer.planner import epoch_order, plan_epoch
+from balancer.cost.cp import CPCostModel, CPHardware
+from balancer.planning.hybrid import estimate
+from balancer.planning.hybrid_eval import check_pool_limit, coverage, fixed_to_rounds, plan_strategy
+from balancer.planning.planner import epoch_order, plan_epoch
 from balancer.samples import SampleTable
 from packing.hybrid_cp import check_plan
 
@@ -217,7 +217,7 @@ def test_layout_cp_mode_and_rank_capacity():
 
 def test_group_exchange_estimate_against_a_slow_reference():
     """exchange='group': one exchange per group and round for its sharded documents."""
-    from balancer.cp_cost import _exposed
+    from balancer.cost.cp import _exposed
     model = CPCostModel.from_preset("llama-7b", 4096)
     lengths = mixed_lengths(300, seed=4, cap=4096, pool=8)
     for name in ("hybrid", "fixed_cp4"):
@@ -262,7 +262,7 @@ def test_group_exchange_estimate_against_a_slow_reference():
 
 def test_public_names():
     import balancer
-    from balancer.hybrid_loader import HybridBatchSampler
+    from balancer.loader.hybrid import HybridBatchSampler
     assert balancer.HybridBatchSampler is HybridBatchSampler
     for name in ("HybridCollator", "CPCostModel", "CPHardware", "plan_hybrid", "plan_fixed_cp",
                  "plan_megatron_hybrid", "estimate"):

@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch, plan_epochs
-from balancer.metrics import check_coverage, plan_summary
-from balancer.planner import epoch_order
-from balancer import strategies
+from balancer.report.metrics import check_coverage, plan_summary
+from balancer.planning.planner import epoch_order
+from balancer.strategies import registry as strategies
 
 STRATEGIES = strategies.names()  # every registered strategy
 COST = CostModel.quadratic(65536)

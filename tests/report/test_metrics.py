@@ -1,4 +1,4 @@
-"""Report metrics (balancer.metrics) against hand-computed values and slow references."""
+"""Report metrics (balancer.report.metrics) against hand-computed values and slow references."""
 import dataclasses
 
 import numpy as np
@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from balancer import CostModel, Layout, PassCost, PlannerConfig, SampleTable, plan_epoch
-from balancer import metrics, strategies
-from balancer.planner import Items, Plan
+from balancer.report import metrics
+from balancer.strategies import registry as strategies
+from balancer.planning.planner import Items, Plan
 from packing.pipeline import simulate_1f1b
 from tests.naive import core as naive
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
-from balancer import report as R
+from balancer.report import build as R
 from balancer.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_invalid_plan_is_marked_and_not_summarised(tmp_path):
 
 
 def test_report_of_a_stored_plan(tmp_path, capsys):
-    from balancer.store import save_plan
+    from balancer.store.plan_store import save_plan
     lengths = _lengths(4000, seed=3)
     np.save(tmp_path / "lengths.npy", lengths)
     cost = load_cost_model("llama-7b")

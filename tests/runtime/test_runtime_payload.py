@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from balancer import CostModel, Layout
-from balancer.collate import FetchedMicrobatch, PackedCollator
+from balancer.loader.collate import FetchedMicrobatch, PackedCollator
 from balancer.runtime import Columns, RuntimeBalancer, balance_rollout
 from balancer.runtime.exchange import decode, encode, message_bytes
 from balancer.runtime.payload import csr_positions

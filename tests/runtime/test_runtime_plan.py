@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch
-from balancer.planner import padded_sizes
+from balancer.planning.planner import padded_sizes
 from balancer.runtime import Offers, StepPlanner, imbalance
 
 COST = CostModel.quadratic(2048)

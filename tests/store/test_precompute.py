@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epochs, store
-from balancer import planner
+from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epochs
+from balancer.store import plan_store as store
+from balancer.planning import planner
 from balancer.cli import main
-from balancer.precompute import EpochWindows, precompute
+from balancer.store.precompute import EpochWindows, precompute
 
 from test_store import assert_same_plan
 from tests.common.gloo import run_ranks

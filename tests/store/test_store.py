@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epochs, store
+from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epochs
+from balancer.store import plan_store as store
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN_FIELDS = ("entry_sample", "entry_start", "entry_length", "entry_delay", "mb_offsets",
@@ -182,7 +183,8 @@ def test_save_refuses_mismatched_inputs(setup, tmp_path):
 _WRITER = """
 import sys
 import numpy as np
-from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch, store
+from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
+from balancer.store import plan_store as store
 n, seed, out, overwrite = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 samples = SampleTable(np.random.default_rng(seed).integers(1, 3000, n))
 plan = plan_epoch(samples, load_cost_model("quadratic-64k"), Layout(dp=2, microbatches=2,
@@ -447,8 +449,8 @@ def test_sampler_reads_a_plan_directory(tmp_path):
     import pytest
 
     from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch
-    from balancer.sampler import PackedBatchSampler
-    from balancer.store import save_plan
+    from balancer.loader.sampler import PackedBatchSampler
+    from balancer.store.plan_store import save_plan
     rng = np.random.default_rng(0)
     samples = SampleTable(rng.integers(1, 3000, 4000))
     cost = load_cost_model("quadratic-64k")

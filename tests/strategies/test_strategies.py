@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer import PlannerConfig, Layout, strategies
+from balancer.strategies import registry as strategies
 from balancer.cli import args as cli_args
 from balancer.config import PlannerConfig as PC
 from balancer.report import build
@@ -53,12 +53,6 @@ def test_unknown_names_and_knobs_are_refused():
     with pytest.raises(ValueError, match="already registered"):
         registry.register("balanced", "again")(lambda *a: None)
 
-
-def test_rank_units_keeps_its_old_home():
-    from balancer.strategies.balanced import rank_units
-    assert strategies.rank_units is rank_units is registry.rank_units
-    assert rank_units(Layout(dp=2, capacity=8), PlannerConfig()) is True
-    assert rank_units(Layout(dp=2, pp=2, capacity=8), PlannerConfig()) is False
 
 
 def test_baseline_budgets_are_tokens_or_samples():

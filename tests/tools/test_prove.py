@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from balancer import Layout, PlannerConfig, SampleTable, plan_epoch  # noqa: E402
-from balancer.calibration import Calibration, write_preset  # noqa: E402
-from balancer.cost import PassCost, load_cost_model  # noqa: E402
+from balancer.cost.calibration import Calibration, write_preset  # noqa: E402
+from balancer.cost.model import PassCost, load_cost_model  # noqa: E402
 from tools import prove  # noqa: E402
 
 
