@@ -15,7 +15,7 @@ _LAZY = {"epoch_order": "planning.stream", "plan_epoch": "planning.planner",
          "HybridBatchSampler": "loader.hybrid", "HybridCollator": "loader.hybrid",
          "CPCostModel": "cost.cp", "CPHardware": "cost.cp", "plan_hybrid": "planning.hybrid",
          "plan_fixed_cp": "planning.hybrid", "plan_megatron_hybrid": "planning.hybrid",
-         "estimate": "planning.hybrid",
+         "estimate": "planning.hybrid", "warmup": "planning.warmup",
          # run-time balancing of streamed batches and RL rollouts (issue #16)
          **{n: "runtime" for n in ("RuntimeBalancer", "StepResult", "StepPlanner", "StepPlan",
                                    "Offers", "balance_rollout", "RolloutMicrobatches",
@@ -34,5 +34,5 @@ __all__ = ["CPCostModel", "CPHardware", "CostModel", "FlatTokens", "HybridBatchS
            "PlannerConfig", "SampleTable", "epoch_order", "estimate", "load_cost_model",
            "plan_epoch", "plan_epochs", "plan_fixed_cp", "plan_hybrid", "plan_megatron_hybrid",
            "Offers", "RolloutMicrobatches", "RuntimeBalancer", "StepPlan", "StepPlanner",
-           "StepResult", "StreamingPackedDataset", "balance_rollout"]
+           "StepResult", "StreamingPackedDataset", "balance_rollout", "warmup"]
 __version__ = "0.1.0"

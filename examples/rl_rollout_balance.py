@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import balancer
+
 
 def rollout(rank: int, step: int, batch: int, prompt: int, response: int) -> dict:
     """A fake rollout batch, verl-shaped; rank 0 generates longer responses."""
@@ -111,17 +113,6 @@ def worker(rank: int, world: int, init: str, args) -> None:
         dist.destroy_process_group()
 
 
-def warm() -> None:
-    """Compile (or load) the planner's kernels once here, so the spawned ranks load them from
-    numba's disk cache instead of compiling them side by side."""
-    import numpy as np
-    from balancer import CostModel, Layout
-    from balancer.runtime import Offers, StepPlanner
-    per = [(np.arange(4), np.array([5, 9, 30, 2]))] * 2
-    StepPlanner(CostModel.quadratic(64), Layout(dp=2, capacity=64),
-                microbatches="auto").plan(Offers.from_ranks(per))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
@@ -132,7 +123,7 @@ def main(argv=None):
     ap.add_argument("--capacity", type=int, default=4096)
     ap.add_argument("--cost-model", default="llama-7b")
     args = ap.parse_args(argv)
-    warm()
+    balancer.warmup(["fixed"])  # compiled once here: the spawned ranks load the kernels
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{Path(tmp) / 'rendezvous'}"
         mp.start_processes(worker, args=(args.world, init, args), nprocs=args.world, join=True,

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+import balancer
+
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: nothing to fetch
 
 
@@ -141,17 +143,6 @@ def report(everyone, args) -> None:
         raise SystemExit("a document was lost or trained twice")
 
 
-def warm() -> None:
-    """Compile (or load) the planner's kernels once here, so the spawned ranks load them from
-    numba's disk cache instead of compiling them side by side."""
-    from balancer import CostModel, Layout
-    from balancer.runtime import Offers, StepPlanner
-    per = [(np.arange(4), np.array([5, 9, 30, 2]))] * 2
-    for final in (False, True):
-        StepPlanner(CostModel.quadratic(64), Layout(dp=2, microbatches=1, capacity=64)).plan(
-            Offers.from_ranks(per), final=final)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
@@ -164,7 +155,7 @@ def main(argv=None):
     ap.add_argument("--cost-model", default="llama-7b")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    warm()
+    balancer.warmup(["fixed"])  # compiled once here: the spawned ranks load the kernels
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         files = write_corpus(Path(tmp), args.docs, args.shards, args.capacity, args.seed)

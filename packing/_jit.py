@@ -42,11 +42,15 @@ def _dir_writable(path: str) -> bool:
         return False
 
 
-def _cache_dir() -> str | None:
-    base = (os.environ.get("BALANCER_NUMBA_CACHE_DIR") or os.environ.get("NUMBA_CACHE_DIR")
+def cache_base() -> str:
+    """The directory the kernel caches go under (the environment's choice, else the default)."""
+    return (os.environ.get("BALANCER_NUMBA_CACHE_DIR") or os.environ.get("NUMBA_CACHE_DIR")
             or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                             "balancer"))
-    path = os.path.join(base, f"packing-{_source_hash()}")
+
+
+def _cache_dir() -> str | None:
+    path = os.path.join(cache_base(), f"packing-{_source_hash()}")
     return path if _dir_writable(path) else None
 
 

@@ -1,4 +1,7 @@
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,24 @@ settings.register_profile("ci", max_examples=60, deadline=None,
 settings.register_profile("dev", max_examples=30, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """Every kernel compiled (or loaded) once per test process before its first test, the
+    package's one warm-up: spawned ranks then load them from the disk cache instead of
+    compiling side by side. Under xdist the first worker compiles while the others wait on a
+    file lock, then load what it wrote. The cache is the package's usual one (keyed by the
+    sources: it cannot serve stale code), so the demo's compile serves the suite too."""
+    from balancer.planning.warmup import warmup
+    from packing._jit import CACHE_DIR
+    lock = Path(CACHE_DIR or tempfile.gettempdir()) / "balancer-tests.lock"
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            return warmup()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -109,6 +109,7 @@ def _train_rank(rank, world, out, strategy, st):
         np.save(Path(out, "grads.npy"), flat.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["hybrid", "hybrid_stream", "fixed_cp2"])
 def test_cp_trainer_equals_the_unsharded_model_float64(tmp_path, strategy):
     s0 = sampler(0, strategy)

@@ -18,7 +18,8 @@ from balancer.cli import args as cli_args
 from balancer.planning import hybrid_eval
 from balancer import workloads  # noqa: E402
 from balancer.planning.hybrid_eval import add_fixed_mode_figures  # noqa: E402
-from balancer.report.compare import compare, format_table, warmup  # noqa: E402
+from balancer.planning.warmup import warmup  # noqa: E402
+from balancer.report.compare import compare, format_table  # noqa: E402
 from balancer.config import Layout, PlannerConfig  # noqa: E402
 from balancer.cost.model import load_cost_model  # noqa: E402
 from balancer.planning.planner import epoch_order, plan_epoch  # noqa: E402
@@ -49,7 +50,7 @@ def speed(n: int, dp: int, m: int, capacity: int, repeats: int,
     layout = Layout(dp=dp, microbatches=m, capacity=capacity)
     config = PlannerConfig(over_length="chunk")
     names = cli_args.DEFAULT_STRATEGIES
-    warmup(list(names), cost, layout, config)
+    warmup(["fixed"])
     # interleave: every repeat times the argsort right before each strategy, and the ratio is
     # the median of those paired ratios (this machine's speed drifts between seconds)
     ratios = {s: [] for s in names}
@@ -81,7 +82,7 @@ def memory_per_sample(n: int, dp: int, m: int, capacity: int) -> dict:
     cost = load_cost_model("quadratic-64k")
     layout = Layout(dp=dp, microbatches=m, capacity=capacity)
     config = PlannerConfig(over_length="chunk")
-    warmup(["balanced"], cost, layout, config)
+    warmup(["fixed"])
     tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
@@ -132,7 +133,7 @@ def _main(args) -> int:
         cost, layout, config = cli_args.build(args)
         cp_model = cli_args.build_cp(args)[0]
         lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
-        warmup(names, cost, layout, config)
+        warmup(["fixed"])
         res, plans = compare(SampleTable(lengths), cost, layout, config, names,
                              repeats=args.repeats)
         add_fixed_mode_figures(res, plans, lengths, cp_model)
@@ -149,7 +150,7 @@ def _main(args) -> int:
                 continue
             layout = Layout(**lay)
             config = PlannerConfig(seed=args.seed, **cfg)
-            warmup(names, cost, layout, config)
+            warmup(["fixed"])
             res, _ = compare(SampleTable(lengths), cost, layout, config, names,
                              repeats=args.repeats)
             res["title"] = title
@@ -189,7 +190,7 @@ def _hybrid(args) -> int:
     lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
     # the fixed mode's epoch order (seed, epoch 0): both modes train the same stream
     order = epoch_order(lengths.shape[0], args.seed, 0)
-    hybrid_eval.warmup(model, P)
+    warmup(["hybrid"])
     res, _, _ = hybrid_eval.compare_hybrid(lengths, model, P, budget, names,
                                            max_delay=args.max_delay, order=order,
                                            over_limit=args.over_length)

@@ -28,7 +28,7 @@ import numpy as np
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, plan_epoch  # noqa: E402
 from balancer import workloads  # noqa: E402
 from balancer.store import plan_store as store
-from balancer.report.compare import warmup  # noqa: E402
+from balancer.planning.warmup import warmup  # noqa: E402
 from balancer.store.precompute import precompute  # noqa: E402
 
 LAYOUT = dict(dp=64, microbatches=4, capacity=32768)
@@ -71,7 +71,7 @@ def _setup(window):
 
 
 def _warm(cost, layout, config, tmp):
-    warmup([config.strategy], cost, layout, config)
+    warmup(["fixed"])
     small = SampleTable(workloads.load("wikipedia", n=50_000, seed=9))
     precompute(small, cost, layout, config.model_copy(update={"window_samples": 20_000}),
                os.path.join(tmp, "warm"), workers=1, overwrite=True)
@@ -109,7 +109,7 @@ def child_plan_epoch_memory(npy: str, window) -> dict:
     """Reference: peak extra memory of the in-memory planner (plan_epoch) in a fresh process."""
     cost, layout, config = _setup(window)
     samples = SampleTable(np.load(npy))
-    warmup([config.strategy], cost, layout, config)
+    warmup(["fixed"])
     rss = PeakRSS()
     rss.start()
     plan = plan_epoch(samples, cost, layout, config)

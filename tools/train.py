@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from balancer.planning.warmup import warmup
 from tools.ranks import load_dataset, spawn_ranks, sum_grads  # noqa: F401 (train.load_dataset)
 from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum
 
@@ -289,16 +290,6 @@ def _fraction(steps) -> float:
     return sum(sum(e["wait_s"]) for e in steps) / wall if wall else 0.0
 
 
-def _warm_numba_cache(args) -> None:
-    """Compile (or load) the strategy's kernels once in the parent, so the ranks load them from
-    numba's disk cache instead of all compiling at once."""
-    from balancer import Layout, PlannerConfig, load_cost_model
-    from balancer.planning.warmup import warmup  # the package's one warm-up
-    warmup([args.strategy], load_cost_model(args.cost_model),
-           Layout(dp=args.world, microbatches=args.microbatches, capacity=128),
-           PlannerConfig(strategy=args.strategy, over_length="chunk"))
-
-
 def run(args: argparse.Namespace) -> dict:
     """Make the data, spawn ``args.world`` ranks, return (and write to ``args.log``) the log."""
     if not 1 <= args.world <= 8:
@@ -307,7 +298,7 @@ def run(args: argparse.Namespace) -> dict:
         folder = Path(args.data) if args.data else Path(tmp) / "data"
         args.data_path = str(make_dataset(folder, args.workload, args.samples, args.scale,
                                           args.vocab, args.seed))
-        _warm_numba_cache(args)
+        warmup(["fixed"])  # once here: the spawned ranks load the kernels from the cache
         per_rank = spawn_ranks(train_rank, args, tmp)
     log = merge_log(args, per_rank)
     if args.log:

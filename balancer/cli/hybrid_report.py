@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from . import args as cli_args
-from ..planning.hybrid_eval import format_table, parse_strategies, warmup
+from ..planning.hybrid_eval import format_table, parse_strategies
+from ..planning.warmup import warmup
 # the report's names, importable from here as before the move
 from ..report.hybrid import build_hybrid_report, render_md, write_hybrid_report, write_plots
 
@@ -30,7 +31,7 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     model, P, budget = cli_args.build_cp(args)
     layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
     names = parse_strategies(args.strategies, P)
-    warmup(model, P)
+    warmup(["hybrid"])
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
         layout=layout.model_dump(), workload=wname, over_limit=args.over_length)

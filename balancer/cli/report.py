@@ -110,7 +110,7 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
             raise ValueError("give --lengths FILE.npy|NAME, --dataset DIR or --plan DIR")
         cost, layout, config = cli_args.build(_with_cost_default(args))
     if names:
-        warmup(names, cost, layout, config)
+        warmup(["fixed"])
     report, details = build_report(lengths, cost, layout, config, names, workload=wname,
                                    plans=plans)
     return _finish(report, details, lengths, cost, out, plots, quiet, t0)

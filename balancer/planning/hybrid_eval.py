@@ -331,21 +331,6 @@ def compare_hybrid(lengths: np.ndarray, model: CPCostModel, n_ranks: int, batch_
     return {"strategies": blocks, **meta}, details, plans
 
 
-def warmup(model: CPCostModel, n_ranks: int) -> None:
-    """Compile (or load from the cache) every kernel of the hybrid strategies outside timings."""
-    cap = model.rank_capacity
-    docs = np.array([3, max(1, cap // 2), min(2 * cap, model.doc_limit(
-        1 << (int(n_ranks).bit_length() - 1))), 5], dtype=np.int64)
-    plan_hybrid(docs, model, n_ranks)
-    # the movement kernel runs only when some document is tall: the longest the pool holds,
-    # in every step, beside short ones
-    tall = model.doc_limit(1 << (int(n_ranks).bit_length() - 1))
-    stream = np.tile(np.array([tall, 3, max(1, cap // 2), 5], dtype=np.int64), 3)
-    plan_hybrid_stream(stream, model, n_ranks, tall + cap)
-    for c in fixed_degrees(n_ranks)[:2]:
-        plan_fixed_cp(docs, model, n_ranks, c)
-
-
 def format_table(res: dict) -> str:
     """The terminal table of :func:`compare_hybrid`'s result."""
     lay = res.get("layout", {})
@@ -382,7 +367,7 @@ __all__ = ["HYBRID_DEFAULT_STRATEGY", "HYBRID_STRATEGIES", "add_fixed_mode_figur
            "check_pool_limit", "compare_hybrid", "coverage", "cp_cost_model",
            "default_strategies", "fixed_degrees", "fixed_to_rounds", "format_table",
            "global_batches", "group_size_histogram", "parse_strategies",
-           "plan_strategy", "summarize", "warmup"]
+           "plan_strategy", "summarize"]
 
 
 def add_fixed_mode_figures(result: dict, plans: dict, lengths: np.ndarray,

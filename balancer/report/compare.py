@@ -8,7 +8,6 @@ from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
 from .metrics import plan_summary
 from ..planning.planner import Plan, plan_epoch
-from ..planning.warmup import warmup  # noqa: F401 (compare.warmup: the tools import it here)
 from ..samples import SampleTable
 
 

@@ -320,13 +320,10 @@ def _array_sizes(tot: dict) -> dict:
 
 
 def _warm_kernels(cost, layout, config) -> None:
-    """Compile (or load from the cache) the strategy's kernels before the workers fork, so
-    each worker does not compile them again."""
+    """Compile (or load from the cache) the fixed-CP kernels before the workers fork, so each
+    worker does not compile them again."""
     from ..planning.warmup import warmup
-    try:
-        warmup([config.strategy], cost, layout, config.model_copy(update={"window_samples": None}))
-    except ValueError:
-        pass  # a tiny input the policy rejects: the workers compile what is left
+    warmup(["fixed"])
 
 
 def _distributed(group):

@@ -21,7 +21,6 @@ def run_ranks(fn, world: int, tmp_path, *args, timeout_s: float = TIMEOUT_S,
     """Spawn ``world`` processes running ``fn(rank, world, out_dir, *args)`` in one gloo
     group; fail (killing them) after ``timeout_s``. ``fn`` must be importable (module level).
     ``torchrun_env``: set the variables torchrun sets in each rank before the group starts."""
-    warm_numba_cache()
     init = f"file://{tmp_path / 'rendezvous'}"
     ctx = mp.start_processes(
         _entry, args=(fn, world, init, str(tmp_path), timeout_s, torchrun_env) + args,
@@ -35,15 +34,6 @@ def run_ranks(fn, world: int, tmp_path, *args, timeout_s: float = TIMEOUT_S,
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
-
-
-def warm_numba_cache():
-    """Compile (or load) the planner's kernels once in the parent, so the ranks load them from
-    the disk cache instead of compiling concurrently."""
-    from balancer import CostModel, Layout, PlannerConfig
-    from balancer.planning.warmup import warmup  # the package's one warm-up
-    warmup(["balanced"], CostModel.quadratic(65536), Layout(dp=2, microbatches=2, capacity=128),
-           PlannerConfig(over_length="chunk"))
 
 
 def _entry(rank, fn, world, init, out, timeout_s, torchrun_env, *args):

@@ -53,6 +53,7 @@ def test_every_preset_is_a_cost_formula(name):
     assert isinstance(load_cost_model(name), CostFormula)
 
 
+@pytest.mark.slow
 def test_a_formula_outside_costmodel_is_planned_and_sharded():
     assert isinstance(Linear(), CostFormula)
     lengths = np.random.default_rng(0).integers(1, 900, 500)

@@ -58,6 +58,7 @@ def _accelerate(script):
             "--main_process_port", str(_free_port()), EXAMPLES / script]
 
 
+@pytest.mark.slow
 def test_hf_trainer_accelerate_launch_two_processes(tmp_path):
     """(The Trainer in one process is tests/integrations/test_trainers.py.)"""
     need("accelerate")
@@ -65,12 +66,14 @@ def test_hf_trainer_accelerate_launch_two_processes(tmp_path):
     assert r["processes"] == 2 and r["optimizer_steps"] == r["planned_steps_per_epoch"]
 
 
+@pytest.mark.slow
 def test_trl_sft(tmp_path):
     need("trl")
     r = _run(tmp_path, EXAMPLES / "trl_sft.py")
     assert r["optimizer_steps"] > 0
 
 
+@pytest.mark.slow
 def test_torchtitan_loop_torchrun_two_processes(tmp_path):
     need("transformers")
     r = _run(tmp_path, *_torchrun("torchtitan_loop.py"))
@@ -78,6 +81,7 @@ def test_torchtitan_loop_torchrun_two_processes(tmp_path):
     assert 0 < r["checkpoint_at_step"] < r["optimizer_steps"]
 
 
+@pytest.mark.slow
 def test_megatron_batch(tmp_path):
     need("megatron.core")
     r = _run(tmp_path, EXAMPLES / "megatron_batch.py")

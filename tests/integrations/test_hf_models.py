@@ -118,6 +118,7 @@ def uncompiled_flex(monkeypatch):
     monkeypatch.setattr(fa.WrappedFlexAttention, "__call__", lambda self: flex_attention)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("mask", ["positions", "block"])
 def test_flex_attention_forward(uncompiled_flex, mask, dtype):

@@ -3,6 +3,7 @@ suite's harness, tests/common/gloo.py: the group on a file:// rendezvous, timeou
 of every sample is trained exactly once per epoch, one optimizer step is one planned global batch,
 and the gradient of the first step equals the single-process reference (every document run alone,
 loss summed over both DP ranks divided by the plan's step token count)."""
+import pytest
 import json
 from pathlib import Path
 
@@ -127,6 +128,7 @@ def _hf_trainer(rank, out):
             "n_steps": sampler.plan.n_steps, "pieces": by_epoch, "grads": grads}
 
 
+@pytest.mark.slow
 def test_accelerate_and_trainer_two_processes(tmp_path):
     run_ranks(_rank, WORLD, tmp_path, torchrun_env=True)
     ranks = json.loads((tmp_path / "result.json").read_text())

@@ -2,6 +2,7 @@
 rendezvous in tmp_path, timeouts): exactly-once coverage over DP ranks, equal microbatch counts
 per step, one plan fingerprint; CP-sharded attention against all-gathered keys/values equals the
 unsharded microbatch."""
+import pytest
 import json
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def check_coverage(tmp_path, world, cp):
 
 # One spawned group per world size runs every check (spawning costs seconds per process).
 
+@pytest.mark.slow
 def test_two_ranks(tmp_path):
     """dp=2: exactly-once coverage, equal counts, one fingerprint; cp=2: zigzag and
     cost-chosen whole-document attention against gathered K/V equals the unsharded batch."""
@@ -82,6 +84,7 @@ def test_two_ranks(tmp_path):
         assert all((tmp_path / f"attention_{balance}_ok{r}").exists() for r in range(2))
 
 
+@pytest.mark.slow
 def test_four_ranks(tmp_path):
     """dp=4 and dp=2 x cp=2 coverage; cp=4 zigzag attention against gathered K/V."""
     run_ranks(_all_checks, 4, tmp_path)

@@ -76,6 +76,7 @@ def _loader_rank(rank, world, out, strategy):
         Path(out, "result.json").write_text(json.dumps(allrec))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["hybrid", "hybrid_stream", "megatron_hybrid", "fixed_cp2"])
 def test_every_token_trained_exactly_once_on_4_gloo_ranks(tmp_path, strategy):
     lengths = lengths_mixed()

@@ -4,7 +4,6 @@ the ranks, results written by the ranks as JSON and checked in the parent."""
 import json
 from pathlib import Path
 
-import numpy as np
 
 from tests.common import gloo
 
@@ -14,21 +13,8 @@ TIMEOUT_S = 420  # generous: CI machines are shared; a hang still fails
 
 def run_ranks(fn, world: int, tmp_path, *args):
     """Spawn ``world`` processes running ``fn(rank, world, out_dir, *args)`` in one gloo group
-    (the suite's one harness, tests/common/gloo.py); fail (killing them) after TIMEOUT_S. The
-    run-time tests' kernel variants are warmed first."""
-    warm_numba_cache()
+    (the suite's one harness, tests/common/gloo.py); fail (killing them) after TIMEOUT_S."""
     gloo.run_ranks(fn, world, tmp_path, *args, timeout_s=TIMEOUT_S)
-
-
-def warm_numba_cache():
-    """Compile (or load) the planner's kernels once in the parent so the ranks load them from
-    the disk cache instead of compiling concurrently."""
-    from balancer import CostModel, Layout, PlannerConfig, SampleTable, plan_epoch
-    for tail in ("partial", "carry"):
-        for la in (True, False):
-            plan_epoch(SampleTable(np.arange(1, 65)), CostModel.quadratic(65536),
-                       Layout(dp=2, microbatches=2, capacity=128),
-                       PlannerConfig(shuffle=False, tail=tail, lookahead=la))
 
 
 def write(out, name, obj):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from runtime_ranks import ROOT, warm_numba_cache
+from runtime_ranks import ROOT
 
 TIMEOUT_S = 240  # well under a minute on an idle 2-core machine; CI machines are shared
 
@@ -20,10 +20,10 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_example_runs(script, tmp_path):
     args, expect = CASES[script]
-    warm_numba_cache()
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1",
                HF_HOME=str(tmp_path / "hf"), TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=tmp_path,

@@ -352,6 +352,7 @@ def _all(rank, world, out):
     _streams(rank, world, out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_runtime_ranks(tmp_path, world):
     """RL rollouts and streams over ``world`` gloo ranks (see the module docstring)."""

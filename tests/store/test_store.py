@@ -277,6 +277,7 @@ def test_sigkill_between_the_renames_of_an_overwrite(tmp_path, no_exchange):
     assert_same_plan(store.load_plan(out, 0)[0], old if no_exchange else new)
 
 
+@pytest.mark.slow
 def test_precompute_sigkill_during_overwrite_keeps_a_plan(tmp_path):
     out = tmp_path / "plan"
     cmd = [sys.executable, "-m", "balancer", "precompute", "--lengths", "wikipedia",

@@ -56,6 +56,7 @@ def test_loss_agreement_figures():
     assert s["final_mean_diff_over_noise"] == 0.0
 
 
+@pytest.mark.slow
 def test_two_rank_proof_run_reports_both_strategies(tmp_path):
     preset = write_preset(Calibration(forward=PassCost(a=2e-8, b=1e-5, c=1e-3),
                                       backward=PassCost(a=4e-8, b=2e-5, c=1e-3)),

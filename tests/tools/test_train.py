@@ -1,6 +1,7 @@
 """The demo trainer end to end: 2 gloo ranks train from the drop-in loader, the log has per-rank
 compute times, the loss falls, and the first step's reduced gradient equals the unpacked global
 batch's token-mean gradient computed in one process."""
+import pytest
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from tools import train  # noqa: E402
 from tools.tiny_lm import TinyLM, token_loss_sum  # noqa: E402
 
 
+@pytest.mark.slow
 def test_two_ranks_train_log_and_gradient_equivalence(tmp_path):
     args = train.parse_args([
         "--world", "2", "--samples", "300", "--scale", "0.02", "--capacity", "512",
