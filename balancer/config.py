@@ -2,6 +2,8 @@
 Unknown keys are errors, so a typo in a YAML file never silently falls back to a default."""
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Literal, Optional
 
 import yaml
@@ -106,15 +108,20 @@ class PlannerConfig(BaseModel):
     global_batch_samples: Optional[int] = Field(
         None, gt=0, le=MAX_LENGTH, description="samples taken per step instead of a token "
                                                "budget; at least dp x microbatches")
-    max_delay: int = Field(4, ge=1, le=MAX_COUNT,
-                           description="most steps a sample may wait after it is read")
+    max_delay: int = Field(4, ge=0, le=MAX_COUNT,
+                           description="most steps a sample may wait after it is read (cp_mode "
+                                       "fixed: at least 1); cp_mode hybrid: most steps a "
+                                       "document may move from its global batch, either way "
+                                       "(hybrid_stream; 0: none moves), default 2 there "
+                                       "(MODE_DEFAULTS)")
     max_advance: Optional[int] = Field(
         None, ge=0, le=MAX_COUNT, description="most steps `balanced` may read a heavy sample before its turn "
                                 "to meet partners of similar cost (default: 3 x max_delay; 0 = "
                                 "only delay, as WLB-LLM)")
     over_length: Literal["error", "chunk"] = Field(
-        "error", description="samples longer than the capacity: raise, or cut into "
-                             "capacity-sized pieces (counted)")
+        "error", description="samples longer than the capacity (cp_mode hybrid: than the "
+                             "pool's largest aligned group holds): raise, or cut into pieces of "
+                             "that size (counted); the hybrid API's older name: over_limit")
     tail: Literal["partial", "carry", "drop"] = Field(
         "partial", description="samples left at the end of an epoch: a smaller final step, "
                                "carried into the next epoch, or dropped (counted)")
@@ -142,6 +149,103 @@ class PlannerConfig(BaseModel):
         if self.global_batch_tokens is not None and self.global_batch_samples is not None:
             raise ValueError("give global_batch_tokens or global_batch_samples, not both")
         return self
+
+
+# ---- one vocabulary for both CP modes ----------------------------------------------------------
+#: the PlannerConfig fields each ``Layout.cp_mode`` reads. The hybrid mode plans global batches
+#: of ``global_batch_tokens`` in the epoch's shuffled order, per microbatch round: it has no
+#: sample budget, windows, tail policy or outlier knobs, and a config that sets one of those to
+#: another value than its default is refused there (:func:`mode_config`), never ignored
+MODE_FIELDS = {
+    "fixed": tuple(PlannerConfig.model_fields),
+    "hybrid": ("strategy", "seed", "global_batch_tokens", "max_delay", "over_length"),
+}
+#: where a mode's default differs from PlannerConfig's field default (the fixed mode's), in the
+#: same names; taken for the fields a config leaves unset. The default strategy of a mode is the
+#: strategy registry's (``balancer.strategies.registry.default``): balanced / hybrid_stream.
+#: ``max_delay`` differs because it bounds another movement: in the fixed mode, how long
+#: ``balanced`` lets a heavy sample wait for partners of similar cost (4, while it may read one
+#: up to 3 x 4 steps early); in the hybrid mode, how far ``hybrid_stream`` moves a tall document
+#: late or early (2 either way: the window tools/bench_hybrid.py measured, and what
+#: HybridBatchSampler, ``precompute --cp-mode hybrid`` and every stored hybrid plan have used,
+#: so the same inputs keep giving the same plan)
+MODE_DEFAULTS = {"fixed": {}, "hybrid": {"max_delay": 2}}
+#: keyword spellings of the hybrid mode's first API -> the names both modes use (the fixed
+#: mode's): accepted wherever the new name is (:func:`renamed`), never written anywhere; the
+#: JSON keys of stored plans and reports keep their names (a hybrid manifest's ``over_limit``)
+ALIASES = {"over_limit": "over_length", "model": "cost"}
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def renamed(**old_to_new: str):
+    """Decorator: ``fn`` also takes each keyword under its older name (``over_limit=`` for
+    ``over_length=``, ``model=`` for ``cost=``; see :data:`ALIASES`), passed on under the new
+    one. Both given with different values is one ValueError naming both."""
+    def deco(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kw):
+            olds = {k: kw.pop(k) for k in list(kw) if k in old_to_new}
+            if not olds:
+                return fn(*args, **kw)
+            bound = sig.bind_partial(*args, **kw)
+            for old, value in olds.items():
+                new = old_to_new[old]
+                have = bound.arguments.get(new)
+                if have is not None and not _same(have, value):
+                    raise ValueError(f"{new}={have!r} and {old}={value!r} disagree ({old} is "
+                                     f"the older name of {new}): give one of them")
+                bound.arguments[new] = value if have is None else have
+            return fn(*bound.args, **bound.kwargs)
+        return wrapper
+    return deco
+
+
+def with_values(config: Optional[PlannerConfig] = None, **values) -> PlannerConfig:
+    """``config`` (default ``PlannerConfig()``) with the keyword ``values`` that are not None on
+    top, validated; a field set by either counts as set (``model_fields_set``). A value that
+    disagrees with one the config sets itself is one ValueError naming both."""
+    config = PlannerConfig() if config is None else config
+    if not isinstance(config, PlannerConfig):
+        raise TypeError(f"config must be a PlannerConfig, got {type(config).__name__}")
+    given = {k: v for k, v in values.items() if v is not None}
+    for k, v in given.items():
+        if k in config.model_fields_set and not _same(getattr(config, k), v):
+            raise ValueError(f"{k}={v!r} disagrees with the config's {k}="
+                             f"{getattr(config, k)!r}: give one of them")
+    if not given:
+        return config
+    return PlannerConfig(**{**{k: getattr(config, k) for k in config.model_fields_set},
+                            **given})
+
+
+def mode_config(config: PlannerConfig, mode: str, default_strategy: str) -> PlannerConfig:
+    """``config`` as ``mode`` plans with it: the fields it leaves unset take the mode's defaults
+    (:data:`MODE_DEFAULTS`; ``default_strategy`` for ``strategy``), and a field the mode does not
+    read (:data:`MODE_FIELDS`) set to another value than its default is one ValueError naming
+    it. The result sets every field it resolved, so resolving it again changes nothing."""
+    if mode not in MODE_FIELDS:
+        raise ValueError(f"cp_mode {mode!r}: expected one of {list(MODE_FIELDS)}")
+    unused = [k for k in PlannerConfig.model_fields if k not in MODE_FIELDS[mode]
+              and getattr(config, k) != PlannerConfig.model_fields[k].default]
+    if unused:
+        raise ValueError(f"cp_mode {mode!r} does not use " + ", ".join(
+            f"{k}={getattr(config, k)!r}" for k in unused) + f" (it reads "
+            f"{', '.join(MODE_FIELDS[mode])})")
+    defaults = {"strategy": default_strategy, **MODE_DEFAULTS[mode]}
+    unset = {k: v for k, v in defaults.items() if k not in config.model_fields_set}
+    if not unset:
+        return config
+    return PlannerConfig(**{k: getattr(config, k) for k in config.model_fields_set}, **unset)
 
 
 def step_budget(layout: Layout, config: PlannerConfig) -> tuple[int, bool]:
@@ -186,14 +290,26 @@ def check_budget(layout: Layout, budget: int, by_samples: bool) -> None:
                      f"microbatches")
 
 
-def check_fixed_mode(layout: Layout, what: str) -> None:
+def check_fixed_mode(layout: Layout, what: str, config: Optional[PlannerConfig] = None) -> None:
     """Refuse a ``cp_mode='hybrid'`` layout in the fixed-CP planner ``what`` (plan_epoch,
-    precompute): planning it as fixed CP groups would silently train another layout."""
+    precompute): planning it as fixed CP groups would silently train another layout; and a
+    ``config`` with ``max_delay=0``, which only the hybrid mode plans (no document moves)."""
+    if config is not None:
+        check_fixed_delay(config.max_delay)
     if layout.cp_mode == "hybrid":
         raise ValueError(f"{what}: layout cp_mode='hybrid' is planned per microbatch round by "
                          f"the hybrid planner, not as fixed CP groups: use "
                          f"balancer.loader.HybridBatchSampler (or balancer.planning.hybrid."
                          f"plan_stream) for it, or cp_mode='fixed' for fixed CP")
+
+
+def check_fixed_delay(max_delay: int) -> None:
+    """The fixed mode's strategies let a sample wait at least one step: ``max_delay=0`` is the
+    hybrid mode's (no document moves), refused here naming the value."""
+    if int(max_delay) < 1:
+        raise ValueError(f"max_delay={max_delay}: the fixed mode (cp_mode 'fixed') needs "
+                         f"max_delay >= 1 (--max-delay); 0 is the hybrid mode's 'no document "
+                         f"moves'")
 
 
 def load_yaml(path, what: str = "config file") -> dict:

@@ -14,17 +14,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: low to high; sub-packages on one line of the same rank may not import each other
+#: low to high; sub-packages of the same rank may not import each other. A mode of context
+#: parallelism is no layer of its own: the hybrid mode lives in each layer under the name
+#: ``hybrid`` (strategies in the one registry, planning/hybrid/, store/hybrid/, report/hybrid/,
+#: loader/hybrid.py, cli/hybrid.py)
 LAYERS = {
     "packing": 0,
     "balancer": 1,  # the base modules: config, samples, resources, workloads, zigzag, frozen
     "balancer.cost": 2,
     "balancer.strategies": 3,
     "balancer.planning": 4,
-    "balancer.store": 5, "balancer.report": 5,
+    "balancer.store": 5,
     "balancer.loader": 6,  # the sampler reads stored plans (plan_dir=)
-    "balancer.multimodal": 7,  # its collator builds on the loader's, its planner on metrics
-    "balancer.runtime": 8, "balancer.integrations": 8,
+    "balancer.multimodal": 7,  # its collator builds on the loader's, its planner on the planner
+    # the figures of plans of every mode; only the CLI and tools read them (nothing that plans,
+    # stores or trains depends on the report layer)
+    "balancer.runtime": 8, "balancer.integrations": 8, "balancer.report": 8,
     "balancer.cli": 9,
     "tools": 100,  # benchmarks, the demo trainer, calibration: above the package and its facade
 }
@@ -194,6 +199,13 @@ RETIRED = (
     "balancer.adapters", "balancer.mm_cost", "balancer.mm_plan", "balancer.mm_collate",
     "balancer.mm_workloads", "balancer.cli_args", "balancer.store_cli", "balancer.calibration_cli",
     "balancer.hybrid_eval", "balancer.hybrid_loader", "balancer.hybrid_report", "balancer._moved",
+    # the hybrid mode brought inside the layers (strategies registry, planning/hybrid/,
+    # store/hybrid/, report/hybrid/, cli/hybrid.py) and the run-time balancer's module named
+    "balancer.planning.hybrid_eval", "balancer.planning.hybrid_epoch",
+    "balancer.planning.hybrid_batch", "balancer.planning.hybrid_bound",
+    "balancer.planning.hybrid_stream", "balancer.planning.megatron_hybrid",
+    "balancer.store.hybrid_store", "balancer.store.hybrid_check", "balancer.cli.hybrid_report",
+    "balancer.cli.hybrid_store", "balancer.runtime.balancer",
 )
 RETIRED_RE = re.compile(
     r"\b(" + "|".join(re.escape(r) for r in RETIRED) + r")\b(?![\w/])"

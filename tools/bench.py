@@ -15,9 +15,10 @@ import tracemalloc
 import numpy as np
 
 from balancer.cli import args as cli_args
-from balancer.planning import hybrid_eval
+from balancer.cli import hybrid as cli_hybrid
+from balancer.report import hybrid as hybrid_report
 from balancer import workloads  # noqa: E402
-from balancer.planning.hybrid_eval import add_fixed_mode_figures  # noqa: E402
+from balancer.report.hybrid import add_fixed_mode_figures  # noqa: E402
 from balancer.planning.warmup import warmup  # noqa: E402
 from balancer.report.compare import compare, format_table  # noqa: E402
 from balancer.config import Layout, PlannerConfig  # noqa: E402
@@ -180,27 +181,28 @@ def _main(args) -> int:
 
 def _hybrid(args) -> int:
     """``--cp-mode hybrid``: the pool of dp x cp ranks planned by every hybrid-mode strategy
-    (balancer.planning.hybrid_eval) on the same global batches."""
+    (the strategy registry's cp_mode hybrid ones, balancer.report.hybrid.compare_hybrid) on the
+    same global batches; --max-delay defaults to the hybrid mode's 2."""
     if not args.lengths:
         raise ValueError("--cp-mode hybrid needs --lengths FILE.npy|NAME")
     model, P, budget = cli_args.build_cp(args)
     layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
-    names = hybrid_eval.parse_strategies(
+    names = cli_hybrid.parse_strategies(
         None if args.strategies == ",".join(cli_args.DEFAULT_STRATEGIES) else args.strategies, P)
     lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
     # the fixed mode's epoch order (seed, epoch 0): both modes train the same stream
     order = epoch_order(lengths.shape[0], args.seed, 0)
     warmup(["hybrid"])
-    res, _, _ = hybrid_eval.compare_hybrid(lengths, model, P, budget, names,
-                                           max_delay=args.max_delay, order=order,
-                                           over_limit=args.over_length)
+    res, _, _ = hybrid_report.compare_hybrid(lengths, model, P, budget, names,
+                                             max_delay=args.max_delay,
+                                             order=order, over_length=args.over_length)
     res = {"title": args.lengths, "cp_mode": "hybrid",
            "workload": {"samples": int(lengths.shape[0]), "tokens": int(lengths.sum())},
            "layout": {**layout.model_dump(), "pool": P},
            "batch_tokens": budget, "cost_model": args.cost_model,
            "overlap": model.hardware.overlap, "gpus_per_node": model.hardware.gpus_per_node,
            "est_step_time_unit": "seconds per GPU (CP cost model, barrier per round)", **res}
-    print(hybrid_eval.format_table(res), flush=True)
+    print(hybrid_report.format_table(res), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from balancer.planning.hybrid_eval import HYBRID_DEFAULT_STRATEGY
+from balancer.planning.hybrid import HYBRID_DEFAULT_STRATEGY
 from tools.tiny_lm import add_model_args, token_loss_sum
 
 
@@ -166,7 +166,7 @@ def demo_cost_model(args):
 
 
 def build_sampler(args, lengths, rank):
-    from balancer.config import Layout
+    from balancer.config import Layout, PlannerConfig
     from balancer.loader.hybrid import HybridBatchSampler
     from balancer.samples import SampleTable
     dp = args.world // args.cp
@@ -174,8 +174,9 @@ def build_sampler(args, lengths, rank):
                     capacity=args.cp * args.rank_capacity, cp_mode="hybrid",
                     rank_capacity=args.rank_capacity)
     strategy = args.strategy if args.cp_mode == "hybrid" else f"fixed_cp{args.cp}"
+    # the same PlannerConfig as a fixed-CP job's; fields left unset take the hybrid defaults
     return HybridBatchSampler(SampleTable(lengths), demo_cost_model(args), layout,
-                              strategy=strategy, seed=args.seed, rank=rank)
+                              PlannerConfig(strategy=strategy, seed=args.seed), rank=rank)
 
 
 # ---- the per-rank loop ----------------------------------------------------------------------

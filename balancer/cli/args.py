@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from packing.validate import MAX_LENGTH
 
 from ..strategies import registry as strategies
-from ..config import Layout, PlannerConfig
+from ..config import Layout, PlannerConfig, check_fixed_delay
 from ..cost.model import CostModel, load_cost_model
 from .. import workloads
 from ..samples import SampleTable
@@ -44,11 +44,17 @@ def flag_type(annotation) -> dict:
     return {"type": annotation if annotation in (int, float, str) else str}
 
 
-def config_flag(g, model, field: str, help: str) -> None:
+_FIELD_DEFAULT = object()
+
+
+def config_flag(g, model, field: str, help: str, default=_FIELD_DEFAULT) -> None:
     """``--field-name``: type or choices and default from the config model's field, so a flag
-    and the field it sets cannot drift apart (the flag's name is ``FLAGS[field]``)."""
+    and the field it sets cannot drift apart (the flag's name is ``FLAGS[field]``). ``default``
+    None: the flag is None unless given, for a field whose default depends on the CP mode
+    (:data:`balancer.config.MODE_DEFAULTS`)."""
     info = model.model_fields[field]
-    g.add_argument(FLAGS[field], default=info.default, help=help, **flag_type(info.annotation))
+    g.add_argument(FLAGS[field], default=info.default if default is _FIELD_DEFAULT else default,
+                   help=help, **flag_type(info.annotation))
 
 
 def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | None = None) -> None:
@@ -74,7 +80,9 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
                    help="built-in name (quadratic-64k), preset in configs/models, or a YAML file")
     config_flag(g, PlannerConfig, "over_length",
                 "samples longer than the capacity: raise, or cut into pieces")
-    config_flag(g, PlannerConfig, "max_delay", "most steps a sample may wait")
+    config_flag(g, PlannerConfig, "max_delay", "most steps a sample may wait (default 4); with "
+                "--cp-mode hybrid, most steps a document may move from its global batch "
+                "(default 2)", default=None)
     config_flag(g, PlannerConfig, "max_advance",
                 "most steps a heavy sample may be read early (default: 3 x --max-delay)")
     config_flag(g, PlannerConfig, "tail", "samples left at the end of an epoch")
@@ -119,11 +127,14 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
         layout = Layout(dp=args.dp, pp=args.pp, cp=args.cp, microbatches=args.microbatches,
                         capacity=capacity, cp_mode=getattr(args, "cp_mode", None) or "fixed",
                         rank_capacity=rc, sync=getattr(args, "sync", None) or "step")
+        # --max-delay only when given: its default is the CP mode's (MODE_DEFAULTS)
+        delay = {} if getattr(args, "max_delay", None) is None else {"max_delay": args.max_delay}
         config = PlannerConfig(seed=args.seed, global_batch_tokens=args.global_batch_tokens,
-                               global_batch_samples=args.global_batch_samples,
-                               max_delay=args.max_delay,
+                               global_batch_samples=args.global_batch_samples, **delay,
                                max_advance=getattr(args, "max_advance", None),
                                over_length=args.over_length, tail=args.tail)
+        if layout.cp_mode == "fixed":
+            check_fixed_delay(config.max_delay)
     except ValidationError as e:
         raise ValueError(flag_errors(e)) from None
     return cost, layout, config

@@ -72,7 +72,7 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     ``report_seconds`` and ``files``)."""
     from ..planning.warmup import warmup
     if getattr(args, "cp_mode", "fixed") == "hybrid":
-        from .hybrid_report import run_hybrid_report
+        from .hybrid import run_hybrid_report
         return run_hybrid_report(args, out=out, plots=plots, quiet=quiet)
     t0 = time.perf_counter()
     lengths, wname = _read_lengths(args)

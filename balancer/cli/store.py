@@ -198,7 +198,7 @@ def _precompute_run(args) -> int:
     from ..store.precompute import precompute
     job, layout, config, cost = resolve(args)
     if layout.cp_mode == "hybrid":
-        from .hybrid_store import precompute_hybrid_run
+        from .hybrid import precompute_hybrid_run
         return precompute_hybrid_run(args, job, layout, config, load_samples)
     for k in ("gpus_per_node", "cp_overlap", "cp_hardware"):
         if k in vars(args):
@@ -293,7 +293,7 @@ def _inspect_run(args) -> int:
     if resolved != Path(args.plan_dir):
         print(f"note: {args.plan_dir} is missing (an overwrite was interrupted); reading the "
               f"previous plan from {resolved}", file=sys.stderr)
-    from .hybrid_store import inspect_hybrid, is_hybrid
+    from .hybrid import inspect_hybrid, is_hybrid
     if is_hybrid(resolved):
         return inspect_hybrid(args, stale)
     manifest = store.load_manifest(args.plan_dir)

@@ -42,10 +42,9 @@ from torch.utils.data import Sampler
 
 from .collate import FetchedMicrobatch, pack_documents
 from .sampler import epoch_number, refuse_launched_without_group
-from ..config import Layout
+from ..config import Layout, PlannerConfig, renamed
 from ..cost.cp import CPCostModel
-from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, HYBRID_MAX_DELAY, plan_hybrid_epoch
-from ..planning.hybrid_eval import default_strategies
+from ..planning.hybrid import default_strategies, hybrid_config, plan_hybrid_epoch
 from ..samples import SampleTable
 
 
@@ -85,18 +84,29 @@ class HybridBatchSampler(Sampler):
     group yet is refused rather than served rank 0. Every rank builds the same plan
     from the same inputs; ``len()`` is the epoch's rounds, equal on every rank.
 
+    ``config`` is a :class:`~balancer.config.PlannerConfig`, as ``PackedBatchSampler`` takes:
+    ``strategy``, ``seed``, ``global_batch_tokens``, ``max_delay`` and ``over_length`` are read
+    (fields left unset take the hybrid mode's defaults: ``hybrid_stream``, 0, ``dp x cp x
+    microbatches x rank_capacity``, 2, ``"error"``; a fixed-mode-only field set is refused);
+    the keywords ``strategy``, ``seed``, ``batch_tokens``, ``max_delay``, ``over_length`` set
+    the same fields (one that disagrees with the config is an error). Older names, still
+    taken: ``model=`` for ``cost``, ``over_limit=`` for ``over_length``.
+
     ``plan`` trains from plans made ahead of time instead: a plan directory written by
     ``python -m balancer precompute --cp-mode hybrid`` /
-    :func:`balancer.store.hybrid_store.precompute_hybrid` (checked against this sampler's
+    :func:`balancer.store.hybrid.precompute_hybrid` (checked against this sampler's
     layout, cost model, dataset, strategy, seed, batch tokens, delay bound and over-limit
     policy; every epoch's arrays are verified when loaded), or any ``epoch -> HybridPlan``
     callable (``item_doc`` sample ids). The batches are the same as without it."""
 
-    def __init__(self, samples: SampleTable, model: CPCostModel, layout: Layout, *,
-                 strategy: str = HYBRID_DEFAULT_STRATEGY, seed: int = 0, epoch: int = 0,
-                 rank: Optional[int] = None, batch_tokens: Optional[int] = None,
-                 max_delay: int = HYBRID_MAX_DELAY, over_limit: str = "error",
+    @renamed(model="cost", over_limit="over_length")
+    def __init__(self, samples: SampleTable, cost: CPCostModel, layout: Layout,
+                 config: Optional[PlannerConfig] = None, *, strategy: Optional[str] = None,
+                 seed: Optional[int] = None, epoch: int = 0, rank: Optional[int] = None,
+                 batch_tokens: Optional[int] = None, max_delay: Optional[int] = None,
+                 over_length: Optional[str] = None,
                  plan: Optional[Union[str, Path, Callable]] = None):
+        model, over_limit = cost, over_length
         if not hasattr(samples, "fingerprint"):
             samples = SampleTable(samples)  # lengths as a list or array: the one validation
         if layout.cp_mode != "hybrid":
@@ -116,28 +126,37 @@ class HybridBatchSampler(Sampler):
             raise ValueError(f"rank {rank} is outside the pool 0..{self.P - 1} (dp {layout.dp} x "
                              f"cp {layout.cp})")
         self.rank = int(rank)
-        if strategy not in default_strategies(self.P):
-            raise ValueError(f"strategy {strategy!r} is not a hybrid-mode strategy of a pool of "
-                             f"{self.P} ranks (choose from "
-                             f"{', '.join(sorted(default_strategies(self.P)))})")
-        if over_limit not in ("error", "chunk"):
+        named = [strategy, getattr(config, "strategy", None)
+                 if "strategy" in getattr(config, "model_fields_set", ()) else None]
+        for name in named:
+            if name is not None and name not in default_strategies(self.P):
+                raise ValueError(f"strategy {name!r} is not a hybrid-mode strategy of a pool "
+                                 f"of {self.P} ranks (choose from "
+                                 f"{', '.join(sorted(default_strategies(self.P)))})")
+        if over_limit not in (None, "error", "chunk"):
             raise ValueError(f"over_limit must be 'error' or 'chunk', got {over_limit!r}")
         if batch_tokens is not None and not int(batch_tokens) > 0:
             raise ValueError(f"batch_tokens must be a positive number of tokens, got "
                              f"{batch_tokens!r} (None: dp x cp x microbatches x rank_capacity)")
-        if int(max_delay) < 0:
+        if max_delay is not None and int(max_delay) < 0:
             raise ValueError(f"max_delay must be >= 0, got {max_delay!r}")
-        self.strategy, self.seed, self.max_delay = strategy, int(seed), int(max_delay)
-        self.over_limit = over_limit
-        self.batch_tokens = int(batch_tokens or self.P * layout.microbatches
+        # one vocabulary with PackedBatchSampler: a PlannerConfig in the hybrid mode's defaults
+        self.config = config = hybrid_config(
+            config, strategy=strategy, seed=None if seed is None else int(seed),
+            global_batch_tokens=batch_tokens, max_delay=None if max_delay is None else
+            int(max_delay), over_length=over_limit)
+        self.strategy, self.seed, self.max_delay = config.strategy, config.seed, config.max_delay
+        self.over_limit = over_limit = config.over_length
+        self.cost = cost
+        self.batch_tokens = int(config.global_batch_tokens or self.P * layout.microbatches
                                 * layout.rank_capacity)
         self.epoch = epoch_number(epoch, "HybridBatchSampler(epoch=...)")
         self._plan = None
         self._plan_epoch = None
         if isinstance(plan, (str, Path)):
-            from ..store.hybrid_store import hybrid_plan_source
-            plan = hybrid_plan_source(plan, layout=layout, model=model, samples=samples,
-                                      strategy=strategy, seed=self.seed,
+            from ..store.hybrid import hybrid_plan_source
+            plan = hybrid_plan_source(plan, layout=layout, cost=cost, samples=samples,
+                                      strategy=self.strategy, seed=self.seed,
                                       batch_tokens=self.batch_tokens, max_delay=self.max_delay,
                                       over_limit=over_limit)
         elif plan is not None and not callable(plan):

@@ -27,13 +27,13 @@ from packing.mm_partition import post_balance
 from packing.pipeline import rank_step_times
 
 from ..config import Layout, PlannerConfig
-from ..report.metrics import summarize
 from .cost import MMCostModel
 from .table import AUDIO, KINDS, MultimodalTable
 from ..cost.blocks import microbatch_costs
 from ..planning.planner import Plan, plan_epoch
 from ..zigzag import cp_pad_unit
 from ..frozen import FROZEN
+from ..stats import summarize
 
 MODES = ("home", "joint", "post")
 

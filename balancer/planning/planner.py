@@ -93,7 +93,7 @@ def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
     multimodal planner's encoder cost in its joint mode."""
     config = config or PlannerConfig()
     strategies.get(config.strategy)
-    check_fixed_mode(layout, "plan_epoch")
+    check_fixed_mode(layout, "plan_epoch", config)
     check_budget(layout, *step_budget(layout, config))  # before anything is built
     t0 = time.perf_counter()
     stream = epoch_stream(samples, cost, layout, config, epoch, carry_in,

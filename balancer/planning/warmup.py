@@ -71,8 +71,7 @@ def _fixed() -> None:
 
 def _hybrid() -> None:
     from ..cost.cp import CPCostModel
-    from .hybrid_batch import plan_fixed_cp, plan_hybrid
-    from .hybrid_stream import plan_hybrid_stream
+    from .hybrid import plan_fixed_cp, plan_hybrid, plan_hybrid_stream
     n_ranks = 8
     model = CPCostModel.from_preset("llama-7b", 4096)
     cap, tall = model.rank_capacity, model.doc_limit(n_ranks)

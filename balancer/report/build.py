@@ -56,7 +56,7 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
     block = metrics.plan_summary(plan, cost, lengths)
     block["problems"] = []
     # the hybrid interface's keys (issue #15); the exchange is modelled only by --cp-mode hybrid
-    # and tools/bench.py --rank-capacity (balancer.planning.hybrid_eval)
+    # and tools/bench.py --rank-capacity (balancer.report.hybrid.add_fixed_mode_figures)
     block["documents_cut"] = int(block.get("samples_chunked", 0))
     block["exposed_comm_fraction"] = 0.0 if plan.layout.cp == 1 else None
     block["plan_seconds_per_step"] = block["plan_seconds"] / max(plan.n_steps, 1)

@@ -21,21 +21,8 @@ from packing.pipeline import rank_step_times
 from ..cost import blocks
 from ..cost.model import CostModel
 from ..planning.planner import Plan
+from ..stats import QUANTILES, summarize  # noqa: F401 (metrics.summarize, metrics.QUANTILES)
 from ..zigzag import cp_pad_unit, zigzag_attention  # noqa: F401 (metrics.zigzag_attention kept)
-
-QUANTILES = {"p50": 50, "p90": 90, "p99": 99}
-
-
-def summarize(x) -> dict:
-    x = np.asarray(x, dtype=np.float64)
-    if x.size == 0:
-        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"),
-                "p99": float("nan"), "max": float("nan")}
-    out = {"mean": float(x.mean())}
-    for k, q in QUANTILES.items():
-        out[k] = float(np.percentile(x, q))
-    out["max"] = float(x.max())
-    return out
 
 
 def check_coverage(plan: Plan, lengths: np.ndarray) -> dict:

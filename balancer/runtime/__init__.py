@@ -9,8 +9,8 @@ from .plan import Offers, StepPlan, StepPlanner, imbalance
 
 def __getattr__(name):  # the torch.distributed parts load on first use
     if name in ("RuntimeBalancer", "StepResult"):
-        from . import balancer
-        return getattr(balancer, name)
+        from . import runtime_balancer
+        return getattr(runtime_balancer, name)
     if name in ("balance_rollout", "RolloutMicrobatches"):
         from . import rollout
         return getattr(rollout, name)

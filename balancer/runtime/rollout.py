@@ -36,7 +36,7 @@ import torch
 
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from .balancer import LOCAL_ERRORS, RuntimeBalancer, StepResult, restore
+from .runtime_balancer import LOCAL_ERRORS, RuntimeBalancer, StepResult, restore
 from .payload import TOKENS, Columns
 from .plan import StepPlan
 

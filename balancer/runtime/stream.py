@@ -51,7 +51,7 @@ from torch.utils.data import IterableDataset
 
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from .balancer import LOCAL_ERRORS, RuntimeBalancer
+from .runtime_balancer import LOCAL_ERRORS, RuntimeBalancer
 from .payload import TOKENS, Columns
 
 STATE_VERSION = 1

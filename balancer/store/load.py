@@ -147,7 +147,7 @@ def read_sealed_manifest(path, fmt: str, version: int) -> tuple[dict, Path]:
     if got == HYBRID_FORMAT_NAME and fmt != got:
         raise ValueError(f"{m}: a hybrid DP x CP plan (cp_mode='hybrid', written by precompute "
                          f"--cp-mode hybrid): train from it with HybridBatchSampler(plan=...) "
-                         f"or read it with balancer.store.hybrid_store.load_hybrid_plan")
+                         f"or read it with balancer.store.hybrid.load_hybrid_plan")
     if got == FORMAT_NAME and fmt != got:
         raise ValueError(f"{m}: a fixed-CP plan (cp_mode='fixed'): train from it with "
                          f"PackedBatchSampler(plan=...) or read it with load_plan")

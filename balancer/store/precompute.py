@@ -153,7 +153,7 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
         raise ValueError(f"workers {workers} must be >= 1")
     from ..strategies import registry as strategies
     strategies.get(config.strategy)
-    check_fixed_mode(layout, "precompute")
+    check_fixed_mode(layout, "precompute", config)
     dist = _distributed(group)
     if dist is not None:
         return _precompute_distributed(samples, cost, layout, config, out, epochs=epochs,

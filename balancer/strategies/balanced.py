@@ -35,7 +35,7 @@ def rank_units(layout: Layout, config: PlannerConfig) -> bool:
 
 
 @register("balanced", "ours: cost-aware LPT under capacity with look-ahead outlier scheduling "
-                      "and bounded delay",
+                      "and bounded delay", default=True,
           knobs=("max_delay", "max_advance", "balance", "lookahead", "lump_tolerance", "tail"))
 def plan(sizes, costs, layout, config, budget, weights):
     return packing.plan_balanced(

@@ -16,7 +16,9 @@ from balancer.config import Layout
 from balancer.cost.cp import CPCostModel
 from balancer.loader.hybrid import HybridBatchSampler, HybridCollator, aligned_groups
 from balancer.samples import SampleTable
+from balancer.strategies import registry as strategy_registry
 from tests.common.gloo import run_ranks
+from tests.common.strategies import each_hybrid_strategy
 
 CAP = 64
 WORLD = 4
@@ -77,7 +79,7 @@ def _loader_rank(rank, world, out, strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["hybrid", "hybrid_stream", "megatron_hybrid", "fixed_cp2"])
+@pytest.mark.parametrize("strategy", each_hybrid_strategy())
 def test_every_token_trained_exactly_once_on_4_gloo_ranks(tmp_path, strategy):
     lengths = lengths_mixed()
     s0 = _setup(lengths, strategy)   # compiles the kernels here, before the ranks start
@@ -154,8 +156,7 @@ def _fetch(ds, ref):
 
 @settings(max_examples=25, deadline=None)
 @given(P=st.sampled_from([1, 2, 4, 8]), seed=st.integers(0, 2 ** 16),
-       strategy=st.sampled_from(["hybrid", "hybrid_stream", "megatron_hybrid", "fixed_cp1",
-                                 "fixed_cp2"]),
+       strategy=st.sampled_from(strategy_registry.names("hybrid", n_ranks=2)),
        rounds=st.integers(1, 3))
 def test_every_rank_of_any_pool_gets_each_token_once_in_process(P, seed, strategy, rounds):
     """The loader's contract without processes: over every rank of the pool, every token of

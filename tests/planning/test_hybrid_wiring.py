@@ -11,8 +11,8 @@ import pytest
 from balancer import cli
 from balancer.config import Layout, PlannerConfig
 from balancer.cost.cp import CPCostModel, CPHardware
-from balancer.planning.hybrid import estimate
-from balancer.planning.hybrid_eval import check_pool_limit, coverage, fixed_to_rounds, plan_strategy
+from balancer.planning.hybrid import check_pool_limit, estimate, fixed_to_rounds, plan_strategy
+from balancer.report.hybrid import coverage
 from balancer.planning.planner import epoch_order, plan_epoch
 from balancer.samples import SampleTable
 from packing.hybrid_cp import check_plan

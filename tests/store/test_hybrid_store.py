@@ -12,20 +12,20 @@ import pytest
 from balancer.config import Layout
 from balancer.cost.cp import CPCostModel
 from balancer.loader.hybrid import HybridBatchSampler
-from balancer.planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY
+from balancer.planning.hybrid import HYBRID_DEFAULT_STRATEGY
 from balancer.samples import SampleTable
 from balancer.store import plan_store
 from balancer.store.files import MANIFEST
 from balancer.store.atomic import manifest_digest
-from balancer.store.hybrid_store import (load_hybrid_manifest, load_hybrid_plan,
-                                         precompute_hybrid)
+from balancer.store.hybrid import load_hybrid_manifest, load_hybrid_plan, precompute_hybrid
+from tests.common.strategies import each_hybrid_strategy
 
 ROOT = Path(__file__).resolve().parents[2]
 CAP = 64
 LAYOUT = Layout(dp=2, cp=2, microbatches=2, capacity=2 * CAP, cp_mode="hybrid",
                 rank_capacity=CAP)
 MODEL = CPCostModel.from_preset("llama-7b", CAP)
-STRATEGIES = ["hybrid", "hybrid_stream", "megatron_hybrid", "fixed_cp2"]
+STRATEGIES = each_hybrid_strategy()   # the registry's, fixed_cp<c> at degree 2
 
 
 def lengths_mixed(n=120, seed=0):

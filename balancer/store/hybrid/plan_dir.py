@@ -1,4 +1,4 @@
-"""Hybrid DP x CP plans on disk (issue #15): precomputed ahead of training, memory-mapped and
+"""Hybrid DP x CP plans on disk: precomputed ahead of training, memory-mapped and
 checked on load, trained from by :class:`balancer.loader.HybridBatchSampler` (``plan=``).
 
 A hybrid plan directory has the fixed-CP store's shape and guarantees (atomic write, sealed
@@ -21,7 +21,7 @@ its own format name ``balancer-hybrid-plan``, so neither loader reads the other'
 The manifest records the layout (``cp_mode: hybrid``), the CP cost model's full spec, the
 strategy, seed, batch tokens, delay bound and over-limit policy the plan was made with, the
 dataset's fingerprint and size, and per epoch the arrays and a summary. The plan of an epoch is
-:func:`balancer.planning.hybrid_epoch.plan_hybrid_epoch` of those inputs, the one the sampler
+:func:`balancer.planning.hybrid.plan_hybrid_epoch` of those inputs, the one the sampler
 computes itself, so training from the store or without it gives the same batches.
 """
 from __future__ import annotations
@@ -35,18 +35,20 @@ import numpy as np
 
 from packing.hybrid_cp import HybridPlan
 
-from ..config import Layout
-from ..cost.cp import CPCostModel
-from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, plan_hybrid_epoch
-from ..samples import SampleTable
-from .atomic import PlanDirWriter
-from .files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
-                    epoch_dirname, file_digest)
-from .hybrid_check import check_stored_hybrid
-from .load import (_HEX64, _Schema, _array_path, _epoch_entry, _epoch_path, _open_array,
+from ...config import Layout, PlannerConfig, renamed
+from ...cost.cp import CPCostModel
+from ...planning.hybrid import default_strategies, hybrid_config, plan_hybrid_epoch
+from ...samples import SampleTable
+from ..atomic import PlanDirWriter
+from ..files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
+                     epoch_dirname, file_digest)
+from .check import check_stored_hybrid
+from ..load import (_HEX64, _Schema, _array_path, _epoch_entry, _epoch_path, _open_array,
                    layout_differences, read_sealed_manifest, resolve_plan_dir)
 
-#: what a plan was made with, besides layout, cost model and dataset (compared on load)
+#: what a plan was made with, besides layout, cost model and dataset (compared on load): the
+#: manifest's keys (stable JSON: ``batch_tokens`` is PlannerConfig's ``global_batch_tokens``,
+#: ``over_limit`` its ``over_length``)
 PLANNED_WITH = ("strategy", "seed", "batch_tokens", "max_delay", "over_limit")
 
 
@@ -101,19 +103,29 @@ def save_hybrid_plans(plans: dict, path, header: dict, *, overwrite: bool = Fals
         raise
 
 
-def precompute_hybrid(samples: SampleTable, model: CPCostModel, layout: Layout, out, *,
-                      strategy: str = HYBRID_DEFAULT_STRATEGY, seed: int = 0, epochs: int = 1,
-                      batch_tokens: Optional[int] = None, max_delay: int = 2,
-                      over_limit: str = "error", overwrite: bool = False,
+@renamed(over_limit="over_length", model="cost")
+def precompute_hybrid(samples: SampleTable, cost: CPCostModel, layout: Layout, out, *,
+                      config: Optional[PlannerConfig] = None, strategy: Optional[str] = None,
+                      seed: Optional[int] = None, epochs: int = 1,
+                      batch_tokens: Optional[int] = None, max_delay: Optional[int] = None,
+                      over_length: Optional[str] = None, overwrite: bool = False,
                       extra: Optional[dict] = None) -> Path:
     """Plan ``epochs`` epochs of the pool ``dp x cp`` exactly as ``HybridBatchSampler`` with
-    the same arguments would, and write them to the plan directory ``out``."""
+    the same arguments would, and write them to the plan directory ``out``. ``config`` and the
+    keywords on top (:func:`~balancer.planning.hybrid.hybrid_config`: strategy
+    ``hybrid_stream``, seed 0, ``max_delay`` 2, ``over_length="error"`` unless set; older names
+    ``model=``, ``over_limit=``; ``batch_tokens`` is ``global_batch_tokens``, default
+    ``dp x cp x microbatches x rank_capacity``)."""
+    config = hybrid_config(config, strategy=strategy, seed=seed, global_batch_tokens=batch_tokens,
+                           max_delay=max_delay, over_length=over_length)
+    model, strategy, seed = cost, config.strategy, config.seed
+    batch_tokens, max_delay, over_limit = (config.global_batch_tokens, config.max_delay,
+                                           config.over_length)
     if epochs < 1:
         raise ValueError(f"epochs {epochs} must be >= 1")
     if layout.pp != 1:
         raise ValueError(f"a hybrid plan covers one pipeline stage: pp {layout.pp} must be 1")
     P = layout.dp * layout.cp
-    from ..planning.hybrid_eval import default_strategies
     if strategy not in default_strategies(P):
         raise ValueError(f"strategy {strategy!r} is not a hybrid-mode strategy of a pool of {P} "
                          f"ranks (choose from {', '.join(default_strategies(P))})")
@@ -166,12 +178,22 @@ def load_hybrid_manifest(path) -> dict:
     return manifest
 
 
+@renamed(model="cost")
 def check_hybrid_compatible(manifest: dict, *, layout: Optional[Layout] = None,
-                            model: Optional[CPCostModel] = None,
+                            cost: Optional[CPCostModel] = None,
                             samples: Optional[SampleTable] = None, **planned) -> None:
     """Refuse a stored hybrid plan made for another job, naming every difference: the layout
-    (a field left out of one dump counts as its default), the CP cost model, the dataset, and
-    ``planned`` values among :data:`PLANNED_WITH` (strategy, seed, batch_tokens, ...)."""
+    (a field left out of one dump counts as its default), the CP cost model ``cost`` (older
+    name ``model``), the dataset, and ``planned`` values among :data:`PLANNED_WITH` (strategy,
+    seed, batch_tokens, ...; ``over_length`` is taken for the manifest's ``over_limit``)."""
+    if "over_length" in planned:
+        v = planned.pop("over_length")
+        if planned.get("over_limit") not in (None, v):
+            raise ValueError(f"over_length={v!r} and over_limit={planned['over_limit']!r} "
+                             f"disagree (over_limit is the older name of over_length): give "
+                             f"one of them")
+        planned["over_limit"] = v
+    model = cost
     diffs = []
     if layout is not None:
         diffs += [f"layout {k}: plan has {h!r}, the job has {v!r}"
@@ -227,13 +249,15 @@ def load_hybrid_plan(path, epoch: int = 0, *, lengths: Optional[np.ndarray] = No
     return plan, manifest
 
 
+@renamed(model="cost")
 def hybrid_plan_source(path, *, layout: Optional[Layout] = None,
-                       model: Optional[CPCostModel] = None,
+                       cost: Optional[CPCostModel] = None,
                        samples: Optional[SampleTable] = None, verify: bool = True,
                        **planned) -> Callable[[int], HybridPlan]:
     """``epoch -> HybridPlan`` for ``HybridBatchSampler(plan=...)``: checks the manifest
-    against the job once, then loads (and checks) each epoch on demand."""
-    check_hybrid_compatible(load_hybrid_manifest(path), layout=layout, model=model,
+    against the job once (:func:`check_hybrid_compatible`), then loads (and checks) each epoch
+    on demand."""
+    check_hybrid_compatible(load_hybrid_manifest(path), layout=layout, cost=cost,
                             samples=samples, **planned)
     lengths = None if samples is None else samples.lengths
     return lambda epoch: load_hybrid_plan(path, epoch, lengths=lengths, verify=verify)[0]

@@ -1,30 +1,87 @@
-"""``precompute --cp-mode hybrid`` and ``inspect`` of a hybrid DP x CP plan directory
-(:mod:`balancer.store.hybrid_store`); called by :mod:`balancer.cli.store`."""
+"""The ``--cp-mode hybrid`` branches of the commands: ``report --cp-mode hybrid`` (the hybrid
+report of :mod:`balancer.report.hybrid`), ``precompute --cp-mode hybrid`` and ``inspect`` of a
+hybrid plan directory (:mod:`balancer.store.hybrid`), and the hybrid mode's ``--strategies``;
+called by :mod:`balancer.cli.report` and :mod:`balancer.cli.store`. Both modes read the same
+flags (``--strategy``/``--strategies``, ``--seed``, ``--global-batch-tokens``, ``--max-delay``,
+``--over-length``), ``--max-delay`` left out taking the hybrid mode's default (2, not the fixed
+mode's 4: :data:`balancer.config.MODE_DEFAULTS`); ``precompute`` refuses a planner flag the
+hybrid mode does not use, never ignoring it.
+"""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from . import args as cli_args
-from ..config import Layout, PlannerConfig
+from ..config import MODE_FIELDS, Layout, PlannerConfig
 from ..store.files import MANIFEST
 
 
 #: planner flags the hybrid mode does not use (refused when given, never ignored)
-_NOT_HYBRID = ("global_batch_samples", "window_samples", "tail", "max_advance", "balance",
-               "lookahead", "lump_tolerance", "shuffle")
+_NOT_HYBRID = tuple(k for k in PlannerConfig.model_fields if k not in MODE_FIELDS["hybrid"])
+
+
+def parse_strategies(text: Optional[str], n_ranks: int) -> list[str]:
+    """``--strategies`` of the hybrid mode (None: every hybrid-mode strategy of the registry for
+    a pool of ``n_ranks``); unknown names or degrees that do not tile the pool are one error
+    naming them."""
+    from ..planning.hybrid import default_strategies
+    if not text:
+        return default_strategies(n_ranks)
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    ok = set(default_strategies(n_ranks))
+    bad = [s for s in names if s not in ok]
+    if bad or not names:
+        raise ValueError(f"--strategies {text!r}: {', '.join(bad) or 'none given'} not a hybrid-"
+                         f"mode strategy of a pool of {n_ranks} ranks (choose from "
+                         f"{', '.join(sorted(ok))})")
+    return names
+
+
+def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:
+    """Everything ``python -m balancer report --cp-mode hybrid`` does; returns the report. The
+    hybrid report of :mod:`balancer.report.hybrid` (what it holds is described there), its
+    table printed. A plan that loses or duplicates a token of a document is reported
+    ``"valid": false`` (exit status 1)."""
+    from ..planning.warmup import warmup
+    from ..report.hybrid import build_hybrid_report, format_table, write_hybrid_report
+    t0 = time.perf_counter()
+    if getattr(args, "plan", None):
+        raise ValueError("--plan: stored plans are fixed-mode plans; --cp-mode hybrid plans "
+                         "the workload itself (give --lengths or --dataset)")
+    lengths, wname = cli_args.read_lengths(args)
+    if lengths is None:
+        raise ValueError("give --lengths FILE.npy|NAME or --dataset DIR")
+    # the CP cost model needs a preset with a model: mapping; llama-7b unless told
+    args = argparse.Namespace(**{**vars(args), "cost_model": args.cost_model or "llama-7b"})
+    model, P, budget = cli_args.build_cp(args)
+    layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
+    names = parse_strategies(args.strategies, P)
+    warmup(["hybrid"])
+    report, _, _ = build_hybrid_report(
+        lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
+        layout=layout.model_dump(), workload=wname, over_length=args.over_length)
+    files = write_hybrid_report(report, out, plots=plots, t0=t0)
+    if not quiet:
+        print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],
+                            "overlap": report["cp_cost_model"]["overlap"]}))
+        written = ", ".join(Path(p).name for p in files.values())
+        print(f"\nreport written to {Path(out)}/: {written} ({report['report_seconds']:.1f} s)")
+    return report
 
 
 def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load_samples) -> int:
     """``precompute --cp-mode hybrid``: the plans HybridBatchSampler trains from (``plan=``)."""
     from ..cost.cp import CPCostModel
-    from ..planning.hybrid_epoch import HYBRID_DEFAULT_STRATEGY, HYBRID_MAX_DELAY
-    from ..store.hybrid_store import load_hybrid_manifest, precompute_hybrid
+    from ..planning.hybrid import hybrid_config
+    from ..store.hybrid import load_hybrid_manifest, precompute_hybrid
     given = [k for k in _NOT_HYBRID if k in vars(args)]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
@@ -42,20 +99,15 @@ def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load
                          f"configs/models) for the K/V exchange") from None
     t0 = time.perf_counter()
     samples = load_samples(job, seed=config.seed)
-    # values not given (flag or --config) take the hybrid sampler's defaults, so the stored
-    # plan is the one HybridBatchSampler(...) with the same arguments plans
-    given = config.model_fields_set
-    strategy = config.strategy if "strategy" in given else HYBRID_DEFAULT_STRATEGY
-    max_delay = config.max_delay if "max_delay" in given else HYBRID_MAX_DELAY
+    # values not given (flag or --config) take the hybrid mode's defaults, so the stored plan
+    # is the one HybridBatchSampler(...) with the same arguments plans
+    config = hybrid_config(config)
     print(f"precompute: {len(samples):,} samples, {samples.total_tokens:,} tokens | hybrid "
           f"DP x CP, pool {layout.dp} x {layout.cp} ranks, rank capacity "
-          f"{layout.rank_capacity:,} | {strategy} | {job.cost_model} | {job.epochs} epoch(s)",
+          f"{layout.rank_capacity:,} | {config.strategy} | {job.cost_model} | {job.epochs} "
+          f"epoch(s)",
           file=sys.stderr, flush=True)
-    out = precompute_hybrid(samples, model, layout, job.out, strategy=strategy,
-                            seed=config.seed, epochs=job.epochs,
-                            batch_tokens=config.global_batch_tokens,
-                            max_delay=max_delay,
-                            over_limit="chunk" if config.over_length == "chunk" else "error",
+    out = precompute_hybrid(samples, model, layout, job.out, config=config, epochs=job.epochs,
                             overwrite=args.overwrite,
                             extra={"source": job.model_dump(mode="json",
                                                             exclude={"out", "workers"})})
@@ -90,7 +142,7 @@ def hybrid_epoch_report(plan, epoch: int) -> dict:
 
 
 def inspect_hybrid(args, stale) -> int:
-    from ..store.hybrid_store import load_hybrid_manifest, load_hybrid_plan
+    from ..store.hybrid import load_hybrid_manifest, load_hybrid_plan
     manifest = load_hybrid_manifest(args.plan_dir)
     shown = {k: v for k, v in manifest.items() if k != "epochs"}
     print(json.dumps(shown, indent=1))

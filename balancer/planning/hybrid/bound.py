@@ -1,5 +1,5 @@
 """The step time of a hybrid DP x CP plan under the CP cost model, and the lower bounds it is
-measured against (issue #15): :func:`estimate` (per rank and round compute and exposed exchange,
+measured against: :func:`estimate` (per rank and round compute and exposed exchange,
 barrier per round or none), :class:`HybridEstimate`, :func:`doc_bounds` and
 :func:`tight_lower_bound` (each document at its least area on a group that holds it).
 """
@@ -12,7 +12,7 @@ import numpy as np
 from packing.hybrid_cp import HybridPlan
 from packing.validate import as_sizes
 
-from ..cost.cp import CPCostModel, CPCostTable
+from ...cost.cp import CPCostModel, CPCostTable
 
 
 # ---- the estimate --------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""Megatron-LM's hybrid context-parallel rule as a baseline of the hybrid DP x CP planner
-(issue #15): :func:`plan_megatron_hybrid`, re-implemented from
+"""``megatron_hybrid``: Megatron-LM's hybrid context-parallel rule as a baseline of the hybrid DP x
+CP planner: :func:`plan_megatron_hybrid`, re-implemented from
 ``megatron/core/pipeline_parallel/hybrid_cp_schedule.py`` (NVIDIA/Megatron-LM, 2025; our own
-code, the same rule), returning a :class:`packing.hybrid_cp.HybridPlan`.
+code, the same rule), returning a :class:`packing.hybrid_cp.HybridPlan`; the strategy plans
+every global batch of the stream on its own. Knobs: ``over_length`` (older name:
+``over_limit``).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from math import ceil, log2
 
@@ -13,11 +16,14 @@ import numpy as np
 from packing.hybrid_cp import HybridPlan, assemble
 from packing.validate import as_sizes
 
-from .hybrid_batch import OverLimit, _items
+from ..config import renamed
+from .hybrid import OverLimit, _items, plan_batches
+from .registry import register
 
 
+@renamed(over_limit="over_length")
 def plan_megatron_hybrid(lengths, n_ranks: int, rank_capacity: int, *,
-                         over_limit: OverLimit = "error", delta: float = 0.05) -> HybridPlan:
+                         over_length: OverLimit = "error", delta: float = 0.05) -> HybridPlan:
     """Megatron-LM's hybrid context-parallel schedule of one global batch, re-implemented from
     ``megatron/core/pipeline_parallel/hybrid_cp_schedule.py`` (``BalancedCPScheduler``,
     NVIDIA/Megatron-LM, 2025; our own code, same rule): CP degree
@@ -31,13 +37,14 @@ def plan_megatron_hybrid(lengths, n_ranks: int, rank_capacity: int, *,
     the spread, and the smallest group is doubled (consecutive ranks, later groups shifted) until
     no rank is idle. Every document of a group is sharded over it (each its own forward/backward
     there: memory bounds only each share, ``L / degree``). Groups are consecutive rank ranges, not
-    always aligned to their size. Needs a power-of-two pool."""
+    always aligned to their size. Needs a power-of-two pool. ``over_length="chunk"`` (older
+    name: ``over_limit``) cuts a document longer than the pool holds into pieces (counted)."""
     lengths = as_sizes(lengths)
     P = int(n_ranks)
     cap = int(rank_capacity)
     if P < 1 or P & (P - 1):
         raise ValueError(f"the Megatron rule needs a power-of-two pool, got {P} ranks")
-    doc, start, length, cut = _items(lengths, P * cap, over_limit, "the pool's limit",
+    doc, start, length, cut = _items(lengths, P * cap, over_length, "the pool's limit",
                                      f" ({P} ranks x rank_capacity {cap})")
     rounds = _megatron_schedule(length.tolist(), P, cap, delta)
     n = length.shape[0]
@@ -178,6 +185,17 @@ def _megatron_round(samples, P, needed, work, delta):
         used += grow
     return [(o, s, list(it)) for o, s, it in groups], leftover
 
+
+@register("megatron_hybrid", "Megatron-LM's hybrid CP rule: degree from the length, buckets of "
+                             "equal L^2 work, groups of consecutive ranks", mode="hybrid",
+          baseline=True, knobs=("over_length",))
+def plan(lengths, cost, n_ranks, budget, config):
+    def one(docs):
+        t0 = time.perf_counter()
+        p = plan_megatron_hybrid(docs, n_ranks, cost.rank_capacity,
+                                 over_length=config.over_length)
+        return p, time.perf_counter() - t0
+    return plan_batches(lengths, budget, one)
 
 
 __all__ = ["plan_megatron_hybrid"]

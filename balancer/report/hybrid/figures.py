@@ -1,187 +1,38 @@
-"""Hybrid DP x CP in the product (issue #15): epochs of global batches planned by the hybrid
-planner or its baselines, fixed-mode plans seen as CP rounds, and the per-strategy figures that
-``tools/bench.py --cp-mode hybrid`` and ``python -m balancer report --cp-mode hybrid`` print.
-
-Strategies of the hybrid mode (:data:`HYBRID_STRATEGIES`, plus ``fixed_cp<c>``):
-
-* ``hybrid``: :func:`balancer.planning.hybrid.plan_hybrid` per global batch (per-document CP degree);
-* ``hybrid_stream``: :func:`balancer.planning.hybrid.plan_hybrid_stream` (tall documents may move to a
-  nearby step, at most ``max_delay`` steps late or early);
-* ``megatron_hybrid``: Megatron-LM's hybrid CP rule (:func:`balancer.planning.hybrid.plan_megatron_hybrid`);
-* ``fixed_cp<c>``: fixed CP of degree ``c`` (:func:`balancer.planning.hybrid.plan_fixed_cp`); documents
-  longer than ``c x rank_capacity`` are cut (counted in ``documents_cut``).
+"""The figures of hybrid DP x CP plans: per strategy (:func:`summarize`: coverage, estimated
+step time under the CP cost model, lower bounds, exposed exchange, group sizes, planning time),
+every hybrid-mode strategy side by side on one workload (:func:`compare_hybrid`, with ours'
+ratios to the baselines; :func:`format_table`, what ``tools/bench.py --cp-mode hybrid`` and
+``report --cp-mode hybrid`` print), and the hybrid-interface figures of fixed-mode plans
+(:func:`add_fixed_mode_figures`).
 
 Every strategy sees the same global batches (consecutive documents of the shuffled stream, a
 batch closing with the document that reaches ``batch_tokens``), so their ``est_step_time_total``
 (seconds per GPU, summed over steps, a barrier ending every microbatch round, from
-:func:`balancer.planning.hybrid.estimate`) compare directly; a fixed-mode :class:`~balancer.planning.planner.Plan`
-converted by :func:`fixed_to_rounds` is evaluated the same way.
+:func:`balancer.planning.hybrid.estimate`) compare directly; a fixed-mode
+:class:`~balancer.planning.plan.Plan` converted by
+:func:`balancer.planning.hybrid.fixed_to_rounds` is evaluated the same way. A plan that loses or
+duplicates a token of a document is reported ``"valid": false`` (:func:`coverage`).
 """
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import numpy as np
 
-from packing.hybrid_cp import HybridPlan, check_plan, concat_plans
+from packing.hybrid_cp import HybridPlan, check_plan
 
-from ..cost.cp import CPCostModel, CPHardware
-from .hybrid import estimate, plan_fixed_cp, plan_hybrid, plan_hybrid_stream, plan_megatron_hybrid
-
-#: named strategies of the hybrid mode (``fixed_cp<c>`` come on top, one per degree)
-HYBRID_STRATEGIES = ("hybrid", "hybrid_stream", "megatron_hybrid")
-#: the strategy that cp_mode hybrid plans with when none is named (the sampler, ``precompute``):
-#: ``hybrid_stream`` meets the quality targets ``hybrid`` misses on prolong x llama-7b, is never
-#: slower than ``hybrid`` by more than 0.5% on any cell of ``tools/bench_hybrid.py``, and plans
-#: in a few ms per global batch (its movement compiled)
-HYBRID_DEFAULT_STRATEGY = "hybrid_stream"
+from ...config import PlannerConfig, renamed
+from ...cost.cp import CPCostModel
+from ...planning.hybrid import (HYBRID_DEFAULT_STRATEGY, HYBRID_STRATEGIES, check_pool_limit,
+                                estimate, fixed_degrees, fixed_to_rounds, hybrid_config,
+                                plan_strategy)
+from ...strategies import registry as strategies
 
 
-def fixed_degrees(n_ranks: int) -> list[int]:
-    """Power-of-two CP degrees that tile a pool of ``n_ranks``: 1, 2, 4, ... dividing it."""
-    return [c for c in (1 << np.arange(int(n_ranks).bit_length())).tolist() if n_ranks % c == 0]
-
-
-def default_strategies(n_ranks: int) -> list[str]:
-    return list(HYBRID_STRATEGIES) + [f"fixed_cp{c}" for c in fixed_degrees(n_ranks)]
-
-
-def parse_strategies(text: Optional[str], n_ranks: int) -> list[str]:
-    """``--strategies`` of the hybrid mode (None: :func:`default_strategies`); unknown names or
-    degrees that do not tile the pool are one error naming them."""
-    if not text:
-        return default_strategies(n_ranks)
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    ok = set(default_strategies(n_ranks))
-    bad = [s for s in names if s not in ok]
-    if bad or not names:
-        raise ValueError(f"--strategies {text!r}: {', '.join(bad) or 'none given'} not a hybrid-"
-                         f"mode strategy of a pool of {n_ranks} ranks (choose from "
-                         f"{', '.join(sorted(ok))})")
-    return names
-
-
-def cp_cost_model(cost_model: str, rank_capacity: int, *, pp: int = 1, gpus_per_node: int = 8,
-                  overlap: float = 1.0) -> CPCostModel:
-    """The CP cost model of a preset with a ``model:`` mapping (llama-7b, llama-70b, ...)."""
-    hw = CPHardware(gpus_per_node=gpus_per_node, overlap=overlap)
-    return CPCostModel.from_preset(cost_model, int(rank_capacity), hardware=hw, pp=pp)
-
-
-def global_batches(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
-    """Consecutive ``[a, b)`` document ranges: a batch closes with the document that reaches
-    ``budget`` tokens (the last one holds what is left)."""
-    lengths = np.asarray(lengths, np.int64)
-    if lengths.shape[0] == 0:
-        return []
-    cs = np.cumsum(lengths)
-    cuts = np.searchsorted(cs, np.arange(budget, int(cs[-1]) + 1, budget), side="left") + 1
-    bounds = np.unique(np.concatenate([[0], np.minimum(cuts, lengths.shape[0]),
-                                       [lengths.shape[0]]]))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-
-
-def check_pool_limit(lengths: np.ndarray, model: CPCostModel, n_ranks: int,
-                     over_limit: str = "error") -> None:
-    """Refuse (``over_limit="error"``) a document longer than the pool's largest aligned group
-    holds, naming the sample by its id in ``lengths`` (planning sees shuffled batches, whose
-    positions are not sample ids), its length and the limit."""
-    if over_limit == "chunk":
-        return
-    g = 1 << (int(n_ranks).bit_length() - 1)
-    limit = model.doc_limit(g)
-    over = np.flatnonzero(np.asarray(lengths) > limit)
-    if over.size:
-        i = int(over[0])
-        group = f"{g} ranks" if g == n_ranks else \
-            f"its largest aligned group: {g} of the pool's {n_ranks} ranks"
-        raise ValueError(f"sample {i}: length {int(lengths[i])} exceeds the pool's limit of "
-                         f"{limit} tokens ({group} x rank_capacity {model.rank_capacity}, CP "
-                         f"padding included); --over-length chunk (over_limit='chunk') cuts "
-                         f"such documents into pieces (counted as documents_cut)")
-
-
-def plan_strategy(name: str, lengths: np.ndarray, model: CPCostModel, n_ranks: int,
-                  batch_tokens: int, *, max_delay: int = 2,
-                  over_limit: str = "error") -> tuple[HybridPlan, list]:
-    """``(plan of the epoch, planning seconds per global batch)`` of one hybrid-mode strategy.
-    ``plan.item_doc`` indexes ``lengths``. A document longer than the pool holds is an error
-    naming it, or cut (counted) with ``over_limit="chunk"`` (fixed degrees always cut what
-    their groups cannot hold: that is the baseline)."""
-    P = int(n_ranks)
-    if name == "hybrid_stream":
-        secs: list = []   # per step, the movement's share included; the cost table apart
-        sr = plan_hybrid_stream(lengths, model, P, batch_tokens, max_delay=max_delay,
-                                max_advance=max_delay, over_limit=over_limit,
-                                step_seconds=secs)
-        return sr.plan, secs
-    plans, secs = [], []
-    for a, b in global_batches(lengths, batch_tokens):
-        docs = lengths[a:b]
-        if name == "hybrid":
-            limit = model.doc_limit(1 << (P.bit_length() - 1))
-            tab = model.table(docs, P) if (docs <= limit).all() else None  # timed apart
-            t0 = time.perf_counter()
-            p = plan_hybrid(docs, model, P, table=tab, over_limit=over_limit)
-        elif name == "megatron_hybrid":
-            t0 = time.perf_counter()
-            p = plan_megatron_hybrid(docs, P, model.rank_capacity, over_limit=over_limit)
-        elif name.startswith("fixed_cp"):
-            t0 = time.perf_counter()
-            p = plan_fixed_cp(docs, model, P, int(name.removeprefix("fixed_cp")))
-        else:
-            raise ValueError(f"unknown hybrid-mode strategy {name!r}")
-        secs.append(time.perf_counter() - t0)
-        plans.append(p._replace(item_doc=p.item_doc + a))
-    if not plans:
-        raise ValueError("no documents to plan")
-    return concat_plans(plans), secs
-
-
-def fixed_to_rounds(plan, n_samples: Optional[int] = None) -> HybridPlan:
-    """A fixed-mode :class:`~balancer.planning.planner.Plan` as CP rounds on the stage's pool of
-    ``dp x cp`` ranks: microbatch ``j`` of DP rank ``d`` in a step is round ``j`` of that step
-    on the group of ranks ``d cp .. d cp + cp - 1``, every document sharded over it (whole on
-    its one rank when cp == 1). Items are the plan's entries (pieces of cut samples included);
-    ``documents_cut`` counts the samples cut."""
-    lay = plan.layout
-    dp, cp = lay.dp, lay.cp
-    P = dp * cp
-    E = plan.entry_sample.shape[0]
-    mb_of = np.repeat(np.arange(plan.n_microbatches, dtype=np.int64), np.diff(plan.mb_offsets))
-    so = plan.step_offsets
-    step_of_mb = np.repeat(np.arange(plan.n_steps, dtype=np.int64), plan.step_mbs * dp)
-    m = plan.step_mbs[step_of_mb]
-    local = np.arange(plan.n_microbatches, dtype=np.int64) - so[step_of_mb]
-    rank_of_mb, slot_of_mb = local // m, local % m
-    step_rounds = np.concatenate([[0], np.cumsum(plan.step_mbs)]).astype(np.int64)
-    round_of_mb = step_rounds[step_of_mb] + slot_of_mb
-    R = int(step_rounds[-1])
-    # groups: round-major, then DP rank (rank offsets ascending); one group per microbatch
-    g_of_mb = round_of_mb * dp + rank_of_mb
-    order = np.argsort(g_of_mb[mb_of], kind="stable")
-    counts = np.bincount(g_of_mb, weights=np.diff(plan.mb_offsets), minlength=R * dp)
-    ge = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    go = np.tile(np.arange(dp, dtype=np.int64) * cp, R)
-    gs = np.full(R * dp, cp, dtype=np.int64)
-    rg = np.arange(R + 1, dtype=np.int64) * dp
-    owner = np.full(E, -1 if cp > 1 else 0, dtype=np.int64)
-    lengths = plan.entry_length
-    cut = np.unique(plan.entry_sample[plan.entry_length < _sample_lengths(plan, n_samples)[
-        plan.entry_sample]]).shape[0]
-    return HybridPlan(step_rounds, rg, go, gs, ge, order.astype(np.int64), owner,
-                      plan.entry_sample.astype(np.int64), plan.entry_start.astype(np.int64),
-                      lengths.astype(np.int64), P, int(lay.capacity // cp), int(cut))
-
-
-def _sample_lengths(plan, n_samples: Optional[int]) -> np.ndarray:
-    n = plan.n_samples if n_samples is None else int(n_samples)
-    out = np.zeros(n, np.int64)
-    np.add.at(out, plan.entry_sample, plan.entry_length)
-    if plan.leftover.sample.shape[0]:
-        np.add.at(out, plan.leftover.sample, plan.leftover.length)
-    return out
+def ours() -> list[str]:
+    """The hybrid-mode strategies that are not baselines (``hybrid``, ``hybrid_stream``), in
+    registry order: the ones the report measures against the others."""
+    return [n for n in strategies.names("hybrid") if not strategies.is_baseline(n)]
 
 
 def coverage(plan: HybridPlan, lengths: np.ndarray) -> dict:
@@ -286,37 +137,42 @@ def summarize(plan: HybridPlan, model: CPCostModel, lengths: np.ndarray,
     return block, detail
 
 
-def compare_hybrid(lengths: np.ndarray, model: CPCostModel, n_ranks: int, batch_tokens: int,
-                   names: list[str], *, max_delay: int = 2,
-                   order: Optional[np.ndarray] = None,
-                   over_limit: str = "error") -> tuple[dict, dict, dict]:
+@renamed(over_limit="over_length", model="cost")
+def compare_hybrid(lengths: np.ndarray, cost: CPCostModel, n_ranks: int, batch_tokens: int,
+                   names: list[str], *, config: Optional[PlannerConfig] = None,
+                   max_delay: Optional[int] = None, order: Optional[np.ndarray] = None,
+                   over_length: Optional[str] = None) -> tuple[dict, dict, dict]:
     """Plan ``lengths`` (int64[n]) in the stream order ``order`` (a permutation, default the
     identity; :func:`balancer.planning.planner.epoch_order` gives the fixed mode's) with every hybrid-mode
-    strategy and summarise each: ``(result, plot details, plans)``; the plans' ``item_doc`` are
-    sample ids. Adds to ``hybrid``/``hybrid_stream`` the ratios of the issue's targets (to
-    ``megatron_hybrid``, to the fixed degree that cuts nothing and to the best fixed degree)."""
+    strategy of ``names``, with ``config`` and the keywords on top (:func:`~balancer.planning.
+    hybrid.hybrid_config`: ``max_delay`` 2 and ``over_length="error"`` unless set), and summarise
+    each: ``(result, plot details, plans)``; the plans' ``item_doc`` are sample ids. Adds to ours
+    (the registry's hybrid-mode strategies that are not baselines: ``hybrid``, ``hybrid_stream``)
+    their ratios to the named baselines (``megatron_hybrid``), to the fixed degree that cuts
+    nothing and to the best fixed degree."""
+    config = hybrid_config(config, max_delay=max_delay, over_length=over_length)
     lengths = np.asarray(lengths, np.int64)
     order = np.arange(lengths.shape[0], dtype=np.int64) if order is None else \
         np.asarray(order, np.int64)
     stream = lengths[order]
     P = int(n_ranks)
-    if any(n in HYBRID_STRATEGIES for n in names):   # fixed degrees cut by design
-        check_pool_limit(lengths, model, P, over_limit)
+    if any("over_length" in strategies.knobs(n) for n in names):  # fixed_cp<c> cuts by design
+        check_pool_limit(lengths, cost, P, config.over_length)
     blocks, details, plans = {}, {}, {}
     for name in names:
-        plan, secs = plan_strategy(name, stream, model, P, batch_tokens, max_delay=max_delay,
-                                   over_limit=over_limit)
+        plan, secs = plan_strategy(name, stream, cost, P, batch_tokens, config)
         plan = plan._replace(item_doc=order[plan.item_doc])
-        blocks[name], details[name] = summarize(plan, model, lengths, secs,
+        # Megatron's schedule runs every document of a group as its own pass
+        blocks[name], details[name] = summarize(plan, cost, lengths, secs,
                                                 per_document=name == "megatron_hybrid")
         plans[name] = plan
     longest = int(lengths.max(initial=0))
-    no_cut = next((c for c in fixed_degrees(P) if model.doc_limit(c) >= longest), None)
+    no_cut = next((c for c in fixed_degrees(P) if cost.doc_limit(c) >= longest), None)
     fixed = {n: b for n, b in blocks.items() if n.startswith("fixed_cp") and b.get("valid")}
     best = min(fixed, key=lambda n: fixed[n]["est_step_time_total"]) if fixed else None
-    refs = {"megatron_hybrid": "megatron_hybrid",
+    refs = {**{n: n for n in HYBRID_STRATEGIES if strategies.is_baseline(n)},
             "no_cut_fixed": f"fixed_cp{no_cut}" if no_cut else None, "best_fixed": best}
-    for name in ("hybrid", "hybrid_stream"):
+    for name in ours():
         b = blocks.get(name)
         if not b or not b.get("valid"):
             continue
@@ -353,7 +209,7 @@ def format_table(res: dict) -> str:
                      f"{b['est_step_time_total_async']:10.4g} {b['exposed_comm_fraction']:7.3f} "
                      f"{b['rounds']:6d} {pm['median']:8.2f} {pm['max']:7.2f}")
     default = res.get("default_strategy", HYBRID_DEFAULT_STRATEGY)
-    for n in ("hybrid", "hybrid_stream"):
+    for n in ours():
         b = res["strategies"].get(n, {})
         r = {k: v for k, v in b.items() if k.startswith("vs_")}
         r = {k.replace("_packed_exchange", " (packed exchange)"): v for k, v in r.items()}
@@ -361,13 +217,6 @@ def format_table(res: dict) -> str:
             mark = " (the default planner)" if n == default else ""
             lines.append(f"{n}{mark}: " + ", ".join(f"{k[3:]} {v:.3f}x" for k, v in r.items()))
     return "\n".join(lines)
-
-
-__all__ = ["HYBRID_DEFAULT_STRATEGY", "HYBRID_STRATEGIES", "add_fixed_mode_figures",
-           "check_pool_limit", "compare_hybrid", "coverage", "cp_cost_model",
-           "default_strategies", "fixed_degrees", "fixed_to_rounds", "format_table",
-           "global_batches", "group_size_histogram", "parse_strategies",
-           "plan_strategy", "summarize"]
 
 
 def add_fixed_mode_figures(result: dict, plans: dict, lengths: np.ndarray,
@@ -403,3 +252,7 @@ def add_fixed_mode_figures(result: dict, plans: dict, lengths: np.ndarray,
     if model is not None:
         result["rank_capacity"] = int(model.rank_capacity)
         result["est_step_time_unit"] = "seconds per GPU (CP cost model, barrier per round)"
+
+
+__all__ = ["add_fixed_mode_figures", "compare_hybrid", "coverage", "format_table",
+           "group_size_histogram", "ours", "sharded_documents_by_size", "summarize"]

@@ -1,10 +1,10 @@
-"""The hybrid DP x CP report (issue #15, item 5): the figures of every hybrid-mode strategy on a
-workload, as ``report.json``, ``report.md`` and three PNGs. ``python -m balancer report --cp-mode
-hybrid ...`` (:mod:`balancer.cli.hybrid_report`) reads the flags and calls these.
+"""The hybrid DP x CP report: the figures of every hybrid-mode strategy on a workload
+(:mod:`.figures`), as ``report.json``, ``report.md`` and three PNGs. ``python -m balancer report
+--cp-mode hybrid ...`` (:mod:`balancer.cli.hybrid`) reads the flags and calls these.
 
 The workload is planned in the fixed mode's epoch order (:func:`balancer.planning.planner.
 epoch_order`) on the pool of ``D x C`` ranks with every hybrid-mode strategy
-(:mod:`balancer.planning.hybrid_eval`: ``hybrid``, ``hybrid_stream``, ``megatron_hybrid`` and
+(the registry's cp_mode hybrid strategies: ``hybrid``, ``hybrid_stream``, ``megatron_hybrid`` and
 fixed CP at every degree that tiles the pool). Written under the output folder:
 
 * ``report.json``: workload, layout (``cp_mode: hybrid``, ``rank_capacity``, ``pool``), the CP
@@ -28,21 +28,29 @@ from pathlib import Path
 
 import numpy as np
 
-from ..planning.hybrid_eval import compare_hybrid
-from ..planning.planner import epoch_order
-from .build import write_md_json
+from ...config import PlannerConfig, renamed
+from ...planning.hybrid import HYBRID_STRATEGIES, hybrid_config
+from ...planning.stream import epoch_order
+from ..build import write_md_json
+from .figures import compare_hybrid, ours
 
 
-def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: int,
-                        names: list[str], *, seed: int = 0, max_delay: int = 2,
+@renamed(over_limit="over_length", model="cost")
+def build_hybrid_report(lengths: np.ndarray, cost, n_ranks: int, batch_tokens: int,
+                        names: list[str], *, config: PlannerConfig | None = None,
+                        seed: int | None = None, max_delay: int | None = None,
                         layout: dict | None = None, workload: str | None = None,
-                        over_limit: str = "error"):
-    """``(report dict, plot details, plans)`` of the hybrid-mode strategies on ``lengths``."""
+                        over_length: str | None = None):
+    """``(report dict, plot details, plans)`` of the hybrid-mode strategies ``names`` on
+    ``lengths`` under the CP cost model ``cost``, with ``config`` and the keywords on top
+    (:func:`~balancer.planning.hybrid.hybrid_config`: seed 0, ``max_delay`` 2,
+    ``over_length="error"`` unless set; older names ``model=``, ``over_limit=``)."""
+    config = hybrid_config(config, seed=seed, max_delay=max_delay, over_length=over_length)
+    seed, max_delay, model = config.seed, config.max_delay, cost
     lengths = np.asarray(lengths, np.int64)
     order = epoch_order(lengths.shape[0], seed, 0)
-    res, details, plans = compare_hybrid(lengths, model, n_ranks, batch_tokens, names,
-                                         max_delay=max_delay, order=order,
-                                         over_limit=over_limit)
+    res, details, plans = compare_hybrid(lengths, cost, n_ranks, batch_tokens, names,
+                                         config=config, order=order)
     hw = model.hardware
     report = {
         "cp_mode": "hybrid",
@@ -64,6 +72,7 @@ def build_hybrid_report(lengths: np.ndarray, model, n_ranks: int, batch_tokens: 
         "strategies": res["strategies"],
     }
     valid = {n: b for n, b in res["strategies"].items() if b.get("valid")}
+    # "baselines" (a stable key): the strategy of the per-batch planner, hybrid, against the rest
     if "hybrid" in valid:
         t = valid["hybrid"]["est_step_time_total"]
         report["baselines"] = {n: t / b["est_step_time_total"] for n, b in valid.items()
@@ -145,13 +154,14 @@ def _save(plt, fig, path: Path) -> str:
 
 def write_plots(report: dict, out: Path) -> dict:
     """The three PNGs; returns ``{kind: path}``."""
-    from .plots import _plt
+    from ..plots import _plt
     plt = _plt()
     files = {}
     st = {n: b for n, b in report["strategies"].items() if b.get("valid")}
-    order = (report.get("default_strategy"), "hybrid", "megatron_hybrid",
+    # the default planner first, then ours, the named baselines, the no-cut fixed degree
+    order = (report.get("default_strategy"), *ours(), *HYBRID_STRATEGIES,
              report.get("no_cut_fixed"))
-    show = [n for n in dict.fromkeys(order) if n in st]  # the default planner first
+    show = [n for n in dict.fromkeys(order) if n in st]
     if show:
         fig, axes = plt.subplots(len(show), 1, figsize=(11, 2.6 * len(show)), squeeze=False)
         for ax, n in zip(axes[:, 0], show):

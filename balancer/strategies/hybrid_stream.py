@@ -1,6 +1,8 @@
-"""Hybrid DP x CP plans of a stream of global batches (issue #15): every batch planned on its
-own (:func:`plan_stream`), or with tall documents moved to a nearby step so that several share
-one tall round (:func:`plan_hybrid_stream`, the movement compiled in :mod:`packing.hybrid_move`).
+"""``hybrid_stream``, ours and the hybrid mode's default: hybrid DP x CP plans of a stream of
+global batches where tall documents move to a nearby step so that several share one tall round
+(:func:`plan_hybrid_stream`, the movement compiled in :mod:`packing.hybrid_move`); every batch
+planned on its own is :func:`plan_stream`. Knobs: ``max_delay`` (the steps a document may move,
+late or early), ``over_length`` (older name: ``over_limit``).
 """
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ from packing.hybrid_cp import HybridPlan, concat_plans
 from packing.hybrid_move import move_tall
 from packing.validate import as_sizes
 
+from ..config import renamed
 from ..cost.cp import CPCostModel, CPCostTable
-from .hybrid_batch import OverLimit, _largest_group, plan_fixed_cp, plan_hybrid
+from .fixed_cp import plan_fixed_cp
+from .hybrid import OverLimit, _largest_group, plan_hybrid
 from .megatron_hybrid import plan_megatron_hybrid
+from .registry import register
 
 
 def plan_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, planner="hybrid",
@@ -90,8 +95,9 @@ def stream_steps(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, *
     return home, step_of, tab
 
 
+@renamed(over_limit="over_length")
 def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, *,
-                       max_delay: int = 2, max_advance: int = 2, over_limit: OverLimit = "error",
+                       max_delay: int = 2, max_advance: int = 2, over_length: OverLimit = "error",
                        candidates: int = 2, local_search: int = 64,
                        table: Optional[CPCostTable] = None,
                        step_seconds: Optional[list] = None) -> StreamResult:
@@ -110,6 +116,9 @@ def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: 
     Every other document trains in its own step (so a step that takes tall documents holds
     more tokens than the budget and one that gives them fewer; the loss is normalised by each
     step's own token count). ``max_delay = max_advance = 0`` is :func:`plan_stream`.
+
+    A document longer than the pool holds is an error naming it, or cut into pieces (counted)
+    with ``over_length="chunk"`` (older name: ``over_limit``).
 
     ``table`` may pass ``model.table(lengths, n_ranks)`` (built once per epoch, timed apart);
     ``step_seconds``, a list, receives the planning seconds of every step (the movement's
@@ -135,13 +144,23 @@ def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: 
         rows = None if (lengths[docs] > limit).any() else CPCostTable(
             tab.sizes, tab.time[docs], tab.compute[docs], tab.exposed[docs], tab.tokens[docs],
             tab.work[docs], tab.round_constant, tab.rank_capacity)
-        p = plan_hybrid(lengths[docs], model, P, over_limit=over_limit, candidates=candidates,
+        p = plan_hybrid(lengths[docs], model, P, over_length=over_length, candidates=candidates,
                         local_search=local_search, table=rows)
         plans.append(p._replace(item_doc=docs[p.item_doc]))
         secs.append(time.perf_counter() - t1)
     if step_seconds is not None:
         step_seconds.extend(s_ + t_move / len(secs) for s_ in secs)
     return StreamResult(concat_plans(plans), doc_step, doc_step - home)
+
+@register("hybrid_stream", "ours: hybrid per global batch, tall documents moved at most "
+                           "max_delay steps (late or early) to share tall rounds",
+          mode="hybrid", knobs=("max_delay", "over_length"), default=True)
+def plan(lengths, cost, n_ranks, budget, config):
+    secs: list = []   # per step, the movement's share included; the cost table apart
+    sr = plan_hybrid_stream(lengths, cost, n_ranks, budget, max_delay=config.max_delay,
+                            max_advance=config.max_delay, over_length=config.over_length,
+                            step_seconds=secs)
+    return sr.plan, secs
 
 
 __all__ = ["StreamResult", "plan_hybrid_stream", "plan_stream", "stream_steps"]

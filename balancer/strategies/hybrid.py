@@ -1,0 +1,133 @@
+"""``hybrid``: per-document CP degree on one pool of ``P = dp x cp`` ranks, every global batch
+planned on its own (:func:`plan_hybrid`, the compiled planner of :mod:`packing.hybrid_cp` on the
+cost table of :class:`balancer.cost.cp.CPCostModel`), and what the hybrid-mode strategies share:
+the items they plan (documents, or pieces of them when cutting: :func:`cut_documents`) and the
+stream's consecutive global batches (:func:`global_batches`, :func:`plan_batches`).
+
+Documents are never cut unless ``over_length="chunk"`` and a document is longer than the largest
+aligned group holds. Plans are :class:`packing.hybrid_cp.HybridPlan` (see there for the CSR
+layout); an item is a document, or a piece ``[item_start, item_start + item_length)`` of
+document ``item_doc``. Knobs: ``over_length`` (older name: ``over_limit``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Literal, Optional
+
+import numpy as np
+
+from packing.hybrid_cp import HybridPlan, concat_plans, plan_batch
+from packing.validate import as_sizes
+
+from ..config import renamed
+from ..cost.cp import CPCostModel, CPCostTable
+from .registry import register
+
+OverLimit = Literal["error", "chunk"]
+
+
+# ---- items: documents, or pieces of them --------------------------------------------------------
+def cut_documents(lengths: np.ndarray, limit: int):
+    """``(item_doc, item_start, item_length)``, int64 each: every document longer than
+    ``limit`` cut into consecutive pieces of ``limit`` tokens (the last one shorter), the others
+    whole; pieces in document order."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    limit = int(limit)
+    pieces = np.maximum(1, -(-lengths // limit))
+    item_doc = np.repeat(np.arange(lengths.shape[0], dtype=np.int64), pieces)
+    first = np.cumsum(pieces) - pieces
+    j = np.arange(item_doc.shape[0], dtype=np.int64) - np.repeat(first, pieces)
+    item_start = j * limit
+    item_length = np.minimum(limit, lengths[item_doc] - item_start)
+    return item_doc, item_start, item_length
+
+
+def _items(lengths, limit: int, over_length: OverLimit, what: str, detail: str = ""):
+    if over_length not in ("error", "chunk"):
+        raise ValueError(f"over_limit {over_length!r}: expected 'error' or 'chunk'")
+    over = np.flatnonzero(lengths > limit)
+    if over.size and over_length == "error":
+        i = int(over[0])
+        raise ValueError(f"sample {i}: length {int(lengths[i])} exceeds {what} of {limit} "
+                         f"tokens{detail}; over_length='chunk' (over_limit) cuts such documents "
+                         f"into pieces (counted as documents_cut)")
+    doc, start, length = cut_documents(lengths, limit)
+    return doc, start, length, int(over.size)
+
+
+def _largest_group(n_ranks: int) -> int:
+    return 1 << (int(n_ranks).bit_length() - 1)
+
+
+
+# ---- planners ---------------------------------------------------------------------------------
+@renamed(over_limit="over_length")
+def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_length: OverLimit = "error",
+                candidates: int = 2, local_search: int = 64,
+                table: Optional[CPCostTable] = None) -> HybridPlan:
+    """Hybrid plan of one global batch (``lengths``: its documents) on ``n_ranks`` ranks.
+
+    A document longer than the largest aligned group holds (``model.doc_limit(g)``, ``g`` the
+    largest power of two <= n_ranks) is an error naming it, or with ``over_length="chunk"``
+    (older name: ``over_limit``) is cut into pieces of that limit (counted in
+    ``documents_cut``). ``table`` may pass the documents' cost table already computed (no cut
+    documents then)."""
+    lengths = as_sizes(lengths)
+    g = _largest_group(n_ranks)
+    limit = model.doc_limit(g)
+    doc, start, length, cut = _items(lengths, limit, over_length, "the pool's limit",
+                                     f" ({g} ranks x rank_capacity {model.rank_capacity}, CP "
+                                     f"padding included)")
+    if table is None or cut:
+        table = model.table(length, n_ranks)
+    plan = plan_batch(table.time, table.tokens, model.rank_capacity, n_ranks,
+                      candidates=candidates, local_search=local_search, doc_ids=doc,
+                      lengths=length)
+    return plan._replace(item_start=start, documents_cut=cut)
+
+
+# ---- the stream: consecutive global batches ----------------------------------------------------
+def global_batches(lengths: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Consecutive ``[a, b)`` document ranges: a batch closes with the document that reaches
+    ``budget`` tokens (the last one holds what is left)."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.shape[0] == 0:
+        return []
+    cs = np.cumsum(lengths)
+    cuts = np.searchsorted(cs, np.arange(budget, int(cs[-1]) + 1, budget), side="left") + 1
+    bounds = np.unique(np.concatenate([[0], np.minimum(cuts, lengths.shape[0]),
+                                       [lengths.shape[0]]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+def plan_batches(lengths: np.ndarray, budget: int,
+                 plan_one: Callable[[np.ndarray], tuple[HybridPlan, float]]):
+    """``(plan, seconds per batch)``: every global batch of the stream planned on its own by
+    ``plan_one(documents) -> (plan, planning seconds)``, as one plan of many steps whose
+    ``item_doc`` index ``lengths``."""
+    plans, secs = [], []
+    for a, b in global_batches(lengths, budget):
+        p, t = plan_one(lengths[a:b])
+        secs.append(t)
+        plans.append(p._replace(item_doc=p.item_doc + a))
+    if not plans:
+        raise ValueError("no documents to plan")
+    return concat_plans(plans), secs
+
+
+@register("hybrid", "per-document CP degree on aligned groups of the pool (LPT over rounds, "
+                    "local search), every global batch on its own", mode="hybrid",
+          knobs=("over_length",))
+def plan(lengths, cost, n_ranks, budget, config):
+    P = int(n_ranks)
+    limit = cost.doc_limit(_largest_group(P))
+
+    def one(docs):
+        tab = cost.table(docs, P) if (docs <= limit).all() else None  # timed apart
+        t0 = time.perf_counter()
+        p = plan_hybrid(docs, cost, P, table=tab, over_length=config.over_length)
+        return p, time.perf_counter() - t0
+    return plan_batches(lengths, budget, one)
+
+
+__all__ = ["OverLimit", "cut_documents", "global_batches", "plan_batches", "plan_hybrid"]
