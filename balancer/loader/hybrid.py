@@ -134,7 +134,8 @@ class HybridBatchSampler(Sampler):
                                  f"of {self.P} ranks (choose from "
                                  f"{', '.join(sorted(default_strategies(self.P)))})")
         if over_limit not in (None, "error", "chunk"):
-            raise ValueError(f"over_limit must be 'error' or 'chunk', got {over_limit!r}")
+            raise ValueError(f"over_length / over_limit must be 'error' or 'chunk', got "
+                             f"{over_limit!r}")
         if batch_tokens is not None and not int(batch_tokens) > 0:
             raise ValueError(f"batch_tokens must be a positive number of tokens, got "
                              f"{batch_tokens!r} (None: dp x cp x microbatches x rank_capacity)")
