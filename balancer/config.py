@@ -97,7 +97,8 @@ class PlannerConfig(BaseModel):
     """Policy of the step planner."""
 
     model_config = _FROZEN
-    strategy: str = Field("balanced", description="packing strategy name (see strategies)")
+    strategy: str = Field("balanced", description="packing strategy name (see strategies); "
+                                                  "cp_mode hybrid: hybrid_stream unless set")
     seed: int = Field(0, ge=0, le=2 ** 63 - 1, description="seed of the per-epoch shuffle")
     shuffle: bool = Field(True, description="shuffle samples each epoch (seed, epoch)")
     global_batch_tokens: Optional[int] = Field(
@@ -294,13 +295,13 @@ def check_fixed_mode(layout: Layout, what: str, config: Optional[PlannerConfig] 
     """Refuse a ``cp_mode='hybrid'`` layout in the fixed-CP planner ``what`` (plan_epoch,
     precompute): planning it as fixed CP groups would silently train another layout; and a
     ``config`` with ``max_delay=0``, which only the hybrid mode plans (no document moves)."""
-    if config is not None:
-        check_fixed_delay(config.max_delay)
     if layout.cp_mode == "hybrid":
         raise ValueError(f"{what}: layout cp_mode='hybrid' is planned per microbatch round by "
                          f"the hybrid planner, not as fixed CP groups: use "
                          f"balancer.loader.HybridBatchSampler (or balancer.planning.hybrid."
                          f"plan_stream) for it, or cp_mode='fixed' for fixed CP")
+    if config is not None:
+        check_fixed_delay(config.max_delay)
 
 
 def check_fixed_delay(max_delay: int) -> None:

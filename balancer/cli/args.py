@@ -91,10 +91,12 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
     config_flag(g, PlannerConfig, "seed", "shuffle seed")
 
 
-def parse_strategies(text: str) -> list[str]:
+def parse_strategies(text: str, mode: str = "fixed") -> list[str]:
+    """``--strategies`` names, each a strategy of the registry serving ``mode`` (one error
+    naming an unknown one, or one of the other mode)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
     for s in names:
-        strategies.get(s)
+        strategies.get(s, mode)
     if not names:
         raise SystemExit("--strategies: give at least one strategy")
     return names

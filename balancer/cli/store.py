@@ -120,7 +120,8 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
         values.update(flat)
     given = {k: v for k, v in vars(args).items() if k not in _RUN_ONLY}
     if "strategies" in vars(args):
-        names = cli_args.parse_strategies(args.strategies)
+        mode = given.get("cp_mode") or values.get("cp_mode") or "fixed"
+        names = cli_args.parse_strategies(args.strategies, mode)
         if len(names) != 1:
             raise ValueError(f"precompute plans one strategy, got --strategies {args.strategies}")
         given.setdefault("strategy", names[0])

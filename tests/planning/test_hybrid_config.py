@@ -174,3 +174,19 @@ def test_the_hybrid_report_plans_with_the_delay_training_uses(tmp_path):
     assert cli.main(["precompute", *base, "--out", str(tmp_path / "p")]) == 0
     stored = json.loads((tmp_path / "p" / "manifest.json").read_text())["max_delay"]
     assert got == {0: stored, 2: 4} and stored == 2
+
+
+def test_precompute_takes_strategies_of_its_mode(tmp_path, capsys):
+    """``precompute --strategies NAME`` checked the name among the fixed mode's strategies only,
+    so ``--cp-mode hybrid --strategies hybrid`` was 'unknown strategy' while ``--strategy
+    hybrid`` worked; a fixed job naming a hybrid strategy is told which mode it serves (test
+    first)."""
+    f = tmp_path / "l.npy"
+    np.save(f, L)
+    base = ["precompute", "--lengths", str(f), "--dp", "2", "--cp", "2"]
+    hyb = ["--cp-mode", "hybrid", "--rank-capacity", str(CAP), "--over-length", "chunk",
+           "--cost-model", "llama-7b"]
+    assert cli.main([*base, *hyb, "--strategies", "hybrid", "--out", str(tmp_path / "h")]) == 0
+    assert json.loads((tmp_path / "h" / "manifest.json").read_text())["strategy"] == "hybrid"
+    assert cli.main([*base, "--strategies", "hybrid", "--out", str(tmp_path / "f")]) == 2
+    assert "strategy 'hybrid' plans cp_mode 'hybrid', not 'fixed'" in capsys.readouterr().err
