@@ -232,8 +232,7 @@ def test_retired_paths_are_not_modules():
 
 #: references left to the README's rewrite (README.md is edited on its own branch): (file, path);
 #: delete an entry once the file no longer names the path
-PENDING_DOCS = {("README.md", "balancer.store.hybrid_store"),
-                ("README.md", "balancer.planning.hybrid_eval")}
+PENDING_DOCS: set = set()
 
 
 def test_no_reference_to_a_retired_path():
