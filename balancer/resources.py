@@ -2,10 +2,10 @@
 layouts) and the real length distributions.
 
 Both ship inside the package (``balancer/data/``, found with :mod:`importlib.resources`), so a
-wheel installed anywhere finds them. ``configs/`` at the repository root is the copy users read
-and copy from; ``tests/base/test_resources.py`` keeps the two identical. Lookup order for a preset
-name: ``$BALANCER_CONFIG_DIR``, the checkout's ``configs/`` (when running from a clone, so a
-freshly calibrated preset is found), then the packaged copy.
+wheel installed anywhere finds them. ``configs/`` at the repository root is a symbolic link to
+``balancer/data/configs``: one source of presets, so a preset edited or calibrated in a checkout
+is the one the wheel ships. Lookup order for a preset name: ``$BALANCER_CONFIG_DIR``, then the
+package's presets.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ CONFIG_DIR_ENV = "BALANCER_CONFIG_DIR"
 
 
 def _checkout_configs() -> Optional[Path]:
+    """The checkout's ``configs/`` (a link to the package's presets), None outside a checkout."""
     d = _CHECKOUT / "configs"
     return d if d.is_dir() and (_CHECKOUT / "pyproject.toml").is_file() else None
 
@@ -40,16 +41,16 @@ def preset_dirs() -> list[Path]:
     if env:
         out.append(Path(env))
     co = _checkout_configs()
-    if co is not None:
-        out.append(co)
+    if co is not None and co.resolve() != packaged("configs").resolve():
+        out.append(co)  # a configs/ folder that is not the link to the package's presets
     out.append(packaged("configs"))
     return out
 
 
 def user_config_dir() -> Path:
     """Where new presets are written by default (calibration): ``$BALANCER_CONFIG_DIR``, the
-    checkout's ``configs/``, or ``./configs`` outside a checkout (never inside the installed
-    package)."""
+    checkout's ``configs/`` (the package's own presets, so the next wheel ships the new one), or
+    ``./configs`` outside a checkout (never inside an installed package)."""
     env = os.environ.get(CONFIG_DIR_ENV)
     if env:
         return Path(env)
