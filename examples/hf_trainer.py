@@ -35,8 +35,7 @@ def main():
         learning_rate=1e-3, report_to=[], save_strategy="no", logging_steps=5,
         disable_tqdm=True)
     layout = Layout(dp=args.world_size, microbatches=microbatches, capacity=512)
-    # the Trainer sizes every epoch by len() of the first; the mixin refuses a plan whose epochs
-    # differ (then call trainer.train() once per epoch, or train with an explicit loop)
+    # epochs of different lengths are fine: the mixin tells the Trainer each epoch's steps
     config = PlannerConfig(seed=0)
     sampler = PackedBatchSampler(SampleTable(lengths), CostModel.quadratic(4096), layout, config,
                                  dp_rank=args.process_index)

@@ -24,17 +24,28 @@ What the mixin changes, and why:
   regrouped silently), and returns the plan's ``step_loss_tokens`` as ``num_items_in_batch``
   (no collective), so the loss is the token sum over the global batch divided by its labelled
   tokens on any number of processes;
-* at every epoch end it checks that the Trainer consumed every microbatch of the epoch (the
-  Trainer sizes epochs by ``len()`` of the first; a plan whose epochs differ is refused).
+* the Trainer's epochs follow the plan's: ``train()`` plans the epochs it will run (all of
+  ``num_train_epochs``, or as many as ``max_steps`` reaches) and tells the Trainer each epoch's
+  own step count, so epochs of different lengths, ``max_steps`` crossing epochs and an lr
+  schedule over the whole run are exact (``state.max_steps`` is the planned step total). A step
+  with fewer than ``gradient_accumulation_steps`` microbatches (the last of an epoch, a window's
+  end) is handed to the Trainer padded in front with placeholder batches that
+  :meth:`~PackedTrainerMixin.training_step` skips (no forward, no gradient), so the Trainer's
+  grouping and its one optimizer step per group stay on the plan's steps;
+* ``resume_from_checkpoint`` resumes at the next planned step of the checkpoint's epoch, found
+  from ``global_step`` and the plan (no batch is read to skip, with or without
+  ``ignore_data_skip``: both resume the uninterrupted run's sample stream);
+* at every epoch end it checks that the Trainer consumed every microbatch of the epoch (whole
+  steps only when the run stopped early: ``max_steps``, ``should_training_stop``).
 
-``gradient_accumulation_steps`` must equal ``layout.microbatches`` (steps shorter than that only
-at the end of an epoch), ``layout.cp == 1`` and ``average_tokens_across_devices`` may be either.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..loader.collate import PackedCollator, PackedDataset
@@ -42,6 +53,19 @@ from .accelerate import prepare_loader
 from .hf import model_inputs
 
 META = "balancer"
+#: the Trainer's methods the epoch hooks wrap, with the parameters they pass on by name
+_HOOKS = {"_run_epoch": ("epoch", "steps_in_epoch", "num_update_steps_per_epoch",
+                         "resume_from_checkpoint", "epochs_trained"),
+          "_init_training_state": ("max_steps", "num_update_steps_per_epoch", "num_train_epochs",
+                                   "resume_from_checkpoint", "trial"),
+          "set_initial_training_values": ("args", "dataloader")}
+
+
+class StepPad(dict):
+    """A placeholder batch in front of a step with fewer microbatches than
+    ``gradient_accumulation_steps``: :meth:`PackedTrainerMixin.training_step` skips it (no
+    forward, no backward), so it changes no gradient; its empty ``input_ids`` count no token or
+    FLOP."""
 
 
 class HFPackedCollator:
@@ -89,7 +113,10 @@ class PackedTrainerMixin:
         self.packed_tokens_column = tokens_column
         self.packed_collate = HFPackedCollator(packed_collator)
         self.packed_history = [] if keep_history else None
-        self._packed_consumed: dict = {}
+        self._packed_consumed: dict = {}  # epoch -> microbatches the Trainer consumed
+        self._packed_start: dict = {}  # epoch -> this rank's position the epoch started at
+        self._packed_steps: dict = {}  # epoch -> int64[n_steps] this rank's microbatches per step
+        self._packed_resume: Optional[tuple] = None  # (epoch, step) a checkpoint resumes at
         super().__init__(*args, **kwargs)
         layout = packed_sampler.layout
         ga = self.args.gradient_accumulation_steps
@@ -108,12 +135,11 @@ class PackedTrainerMixin:
                 or self.compute_loss_func is not None):
             raise ValueError("the model does not take num_items_in_batch, so the Trainer would "
                              "average the loss per microbatch; give compute_loss_func=")
-        self.add_callback(_EpochCoverage(self))
+        _check_hooks(Trainer)
 
     # ---- data -----------------------------------------------------------------------------
     def get_train_dataloader(self):
         args = self.args
-        self._check_epoch_lengths()
         kw = {}
         if args.dataloader_num_workers > 0:
             kw = {"prefetch_factor": args.dataloader_prefetch_factor,
@@ -126,51 +152,131 @@ class PackedTrainerMixin:
             num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory, **kw)
         return prepare_loader(self.accelerator, loader)
 
-    def _check_epoch_lengths(self):
-        """The Trainer sizes every epoch by ``len()`` of the first and steps the optimizer every
-        ``gradient_accumulation_steps`` batches: refuse plans it would cut wrongly."""
-        s = self.packed_sampler
-        epochs = 1 if self.args.max_steps > 0 else max(1, math.ceil(self.args.num_train_epochs))
-        first, position, lengths = s.epoch, s._position, []
-        for e in range(first, first + epochs):
-            if e != s.epoch:
-                s.set_epoch(e)
-            plan = s.plan
-            short = [int(x) for x in plan.short_steps if x != plan.n_steps - 1]
-            if short:
-                raise ValueError(f"epoch {e}: steps {short[:5]} have fewer than "
-                                 f"{s.layout.microbatches} microbatches per rank; the Trainer "
-                                 "groups batches by gradient_accumulation_steps and would mix "
-                                 "steps (plan without windows, or train with an explicit loop)")
-            lengths.append(len(s))
-        if first != s.epoch:
-            s.set_epoch(first)
-            s._position = position  # keep a restored position
-        if len(set(lengths)) > 1:
-            raise ValueError(f"the plan's epochs have {lengths} microbatches per rank but the "
-                             "Trainer sizes every epoch by the first; give PlannerConfig("
-                             "global_batch_samples=...) so every epoch has as many steps, or "
-                             "call trainer.train() per epoch")
+    # ---- the plan's epochs ----------------------------------------------------------------
+    def packed_epoch_steps(self, epoch: int) -> np.ndarray:
+        """int64[n_steps]: this rank's microbatches in every planned step of ``epoch`` (equal
+        on every DP rank); the plan is built once and cached (the sampler does not move)."""
+        if epoch not in self._packed_steps:
+            s = self.packed_sampler
+            plan = s.plan if epoch == s.epoch else s._build(epoch)
+            if plan.n_steps == 0:
+                raise ValueError(f"epoch {epoch}'s plan has no step: nothing to train")
+            self._packed_steps[epoch] = np.asarray(plan.step_mbs, np.int64)
+        return self._packed_steps[epoch]
 
+    def _packed_locate(self, global_step: int) -> tuple[int, int]:
+        """(epoch, step in it) of the ``global_step``-th planned step (0-based)."""
+        epoch = 0
+        while global_step >= len(self.packed_epoch_steps(epoch)):
+            global_step -= len(self.packed_epoch_steps(epoch))
+            epoch += 1
+        return epoch, global_step
+
+    def set_initial_training_values(self, args, dataloader):
+        """The Trainer's run size from the plan: ``max_steps`` is the planned steps of the
+        epochs to run (``num_train_epochs``; a fraction takes that share of the last epoch's
+        steps), or ``args.max_steps`` over as many epochs as it reaches."""
+        (epochs, per_epoch, examples, train_samples, batch_size, steps_in_epoch,
+         max_steps) = super().set_initial_training_values(args, dataloader)
+        n = lambda e: len(self.packed_epoch_steps(e))  # noqa: E731
+        if args.max_steps > 0:
+            max_steps, total, epochs = args.max_steps, 0, 0
+            while total < max_steps:
+                total, epochs = total + n(epochs), epochs + 1
+        else:
+            whole = int(args.num_train_epochs)
+            frac = args.num_train_epochs - whole
+            max_steps = sum(n(e) for e in range(whole)) + (math.ceil(frac * n(whole)) if frac
+                                                           else 0)
+            epochs = math.ceil(args.num_train_epochs)
+        ga = args.gradient_accumulation_steps
+        return (epochs, n(0), examples, train_samples, batch_size, n(0) * ga, max_steps)
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs,
+                             resume_from_checkpoint, trial):
+        """A restored ``global_step`` is located in the plan's epochs (the Trainer would divide
+        it by the first epoch's length)."""
+        epochs_trained, skip = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+            trial)
+        self._packed_resume = None
+        if resume_from_checkpoint is not None and self.state.global_step > 0:
+            epochs_trained, step = self._packed_locate(self.state.global_step)
+            self._packed_resume = (epochs_trained, step)
+            skip = 0 if self.args.ignore_data_skip else step * self.args.gradient_accumulation_steps
+        return epochs_trained, skip
+
+    def _run_epoch(self, **kw):
+        """One epoch with its own step count; a resumed epoch starts at its checkpoint's step
+        (the sampler is positioned there: nothing is read to be skipped)."""
+        epoch, ga = kw["epoch"], self.args.gradient_accumulation_steps
+        n = len(self.packed_epoch_steps(epoch))
+        start = 0
+        if (self._packed_resume is not None and self._packed_resume[0] == epoch
+                and kw.get("resume_from_checkpoint") is not None
+                and kw.get("epochs_trained") == epoch):
+            start = self._packed_resume[1]
+        self._packed_seek(epoch, start)
+        # without ignore_data_skip the Trainer counts the skipped steps itself (its
+        # get_resumed_dataloader is a no-op here); with it, it starts at 0: give it the rest
+        left = n - start if self.args.ignore_data_skip else n
+        kw.update(steps_in_epoch=left * ga, num_update_steps_per_epoch=left)
+        super()._run_epoch(**kw)
+        self._packed_check_epoch(epoch)
+
+    def _packed_seek(self, epoch: int, step: int) -> None:
+        """Put the sampler at ``epoch``'s ``step``-th planned step (through its own state, so
+        the Trainer's ``set_epoch(epoch)`` keeps the position)."""
+        s = self.packed_sampler
+        position = int(self.packed_epoch_steps(epoch)[:step].sum())
+        self._packed_start[epoch] = position
+        self._packed_consumed[epoch] = 0
+        if s.epoch != epoch or position:
+            s.set_epoch(epoch)
+            if position:
+                state = s.state_dict()
+                state["position"] = position
+                s.load_state_dict(state)
+
+    def get_resumed_dataloader(self, dataloader, num_batches):
+        """The sampler already stands at the checkpoint's step (:meth:`_run_epoch`): reading
+        ``num_batches`` batches to skip them would skip them twice."""
+        return dataloader
+
+    def _packed_check_epoch(self, epoch: int) -> None:
+        c = self.control
+        if c.should_training_stop or c.should_epoch_stop:
+            return  # stopped early: whole steps only (get_batch_samples), none mixed
+        got = self._packed_start.get(epoch, 0) + self._packed_consumed.get(epoch, 0)
+        n = int(self.packed_epoch_steps(epoch).sum())
+        if got != n:
+            raise RuntimeError(f"epoch {epoch}: the Trainer trained {got} of this rank's {n} "
+                               "microbatches")
+
+    # ---- steps ----------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        batches = []
-        for _ in range(num_batches):
+        """The microbatches of the next planned step (``num_batches`` is the Trainer's guess),
+        padded in front with :class:`StepPad` s to ``gradient_accumulation_steps``, and the
+        plan's ``step_loss_tokens`` as ``num_items_in_batch``."""
+        try:
+            batches = [next(epoch_iterator)]
+        except StopIteration:
+            return [], None
+        k = int(batches[0][META]["step_microbatches"])
+        for _ in range(k - 1):
             try:
                 batches.append(next(epoch_iterator))
             except StopIteration:
                 break
-        if not batches:
-            return batches, None
         metas = [b.pop(META) for b in batches]
         m0 = metas[0]
-        steps = {int(m["step"]) for m in metas}
+        steps = {(int(m["epoch"]), int(m["step"])) for m in metas}
         slots = [int(m["slot"]) for m in metas]
-        if len(steps) != 1 or slots != list(range(int(m0["step_microbatches"]))):
+        if len(steps) != 1 or slots != list(range(k)):
             raise ValueError(
-                f"the Trainer grouped microbatches of steps {sorted(steps)} (slots {slots}) into one "
-                f"optimizer step; one step must be the {int(m0['step_microbatches'])} microbatches "
-                "of one planned step (gradient_accumulation_steps = layout.microbatches, loader "
-                "not re-sharded)")
+                f"the loader handed the Trainer microbatches of steps {sorted(steps)} (slots "
+                f"{slots}) for one optimizer step; one step must be the {k} microbatches of one "
+                "planned step (loader not re-sharded, sampler not moved during the epoch)")
         for m in metas:
             key = int(m["epoch"])
             self._packed_consumed[key] = self._packed_consumed.get(key, 0) + 1
@@ -179,33 +285,28 @@ class PackedTrainerMixin:
         total = float(m0["step_loss_tokens"])
         if not self.args.average_tokens_across_devices:
             total /= self.accelerator.num_processes  # the Trainer then does not rescale the loss
-        return batches, torch.tensor(total, dtype=torch.float64 if total % 1 else torch.int64,
-                                     device=device)
+        pads = [StepPad(input_ids=torch.zeros((1, 0), dtype=torch.long, device=device))
+                for _ in range(self.args.gradient_accumulation_steps - k)]
+        # pads first: the last batch of the group is a real one, which the Trainer runs outside
+        # no_sync (the gradient all-reduce) and after which it steps the optimizer
+        return pads + batches, torch.tensor(
+            total, dtype=torch.float64 if total % 1 else torch.int64, device=device)
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        if isinstance(inputs, StepPad):
+            return torch.zeros((), device=self.args.device)
+        return super().training_step(model, inputs, *args, **kwargs)
 
 
-def _epoch_coverage_check(trainer, epoch: int) -> None:
-    s = trainer.packed_sampler
-    got = trainer._packed_consumed.get(epoch, 0)
-    if trainer.args.max_steps > 0:
-        return  # a step count was asked for, not whole epochs
-    if s.epoch == epoch and got != len(s):
-        raise RuntimeError(f"epoch {epoch}: the Trainer trained {got} of this rank's {len(s)} "
-                           "microbatches")
-
-
-def _make_callback():
-    from transformers import TrainerCallback
-
-    class EpochCoverage(TrainerCallback):
-        def __init__(self, trainer):
-            self.trainer = trainer
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            epoch = self.trainer.packed_sampler.epoch
-            _epoch_coverage_check(self.trainer, epoch)
-
-    return EpochCoverage
-
-
-def _EpochCoverage(trainer):
-    return _make_callback()(trainer)
+def _check_hooks(trainer_cls) -> None:
+    """The Trainer's private methods the epoch hooks wrap must take what they pass on."""
+    for name, params in _HOOKS.items():
+        fn = getattr(trainer_cls, name, None)
+        have = set(inspect.signature(fn).parameters) if fn is not None else set()
+        missing = [p for p in params if p not in have]
+        if missing:
+            import transformers
+            raise RuntimeError(
+                f"transformers {transformers.__version__}: Trainer.{name} "
+                f"{'is missing' if fn is None else f'lacks {missing}'}; PackedTrainerMixin's "
+                "epoch hooks were written for transformers 5.24-5.25")
