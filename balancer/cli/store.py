@@ -185,18 +185,34 @@ def open_dataset(spec: str):
     return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in paths], split="train")
 
 
-def _init_distributed() -> bool:
-    """Join the torchrun job (gloo, env://) when launched with WORLD_SIZE > 1."""
+def _init_distributed() -> tuple[bool, bool]:
+    """Join the torchrun job (gloo, env://) when launched with WORLD_SIZE > 1: (distributed,
+    whether this call created the group, so the command destroys it again)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
+        return False, False
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return True, False
+    dist.init_process_group("gloo")
+    return True, True
+
+
+def _shutdown_distributed(clean: bool) -> None:
+    """Destroy the group the command created. Without it gloo's threads outlive ``main`` and
+    rank 0 could abort at interpreter exit (SIGABRT, torchrun returning 1 after the plan was
+    written, issue 31). After a clean run every rank first meets the others (barrier) and drops
+    finished collective work (gc); after an error the group is destroyed without waiting."""
+    import gc
     import torch.distributed as dist
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return True
+        return
+    if clean:
+        dist.barrier()
+        gc.collect()
+    dist.destroy_process_group()
 
 
 def _precompute_run(args) -> int:
-    from ..store.precompute import precompute
     job, layout, config, cost = resolve(args)
     if layout.cp_mode == "hybrid":
         from .hybrid import precompute_hybrid_run
@@ -205,7 +221,19 @@ def _precompute_run(args) -> int:
         if k in vars(args):
             raise ValueError(f"--{k.replace('_', '-')} is a figure of the hybrid mode's CP cost "
                              f"model: give it with --cp-mode hybrid")
-    dist = _init_distributed()
+    dist, created = _init_distributed()
+    clean = False
+    try:
+        rc = _precompute_fixed(args, job, layout, config, cost, dist)
+        clean = True
+        return rc
+    finally:
+        if created:
+            _shutdown_distributed(clean)
+
+
+def _precompute_fixed(args, job, layout, config, cost, dist: bool) -> int:
+    from ..store.precompute import precompute
     rank = int(os.environ.get("RANK", "0")) if dist else 0
     t0 = time.perf_counter()
     samples = load_samples(job, seed=config.seed)
