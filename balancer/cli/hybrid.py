@@ -21,7 +21,6 @@ import numpy as np
 
 from . import args as cli_args
 from ..config import MODE_FIELDS, Layout, PlannerConfig
-from ..store.files import MANIFEST
 
 
 #: planner flags the hybrid mode does not use (refused when given, never ignored)
@@ -120,10 +119,9 @@ def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load
 
 
 def is_hybrid(plan_dir: Path) -> bool:
-    from ..store.files import HYBRID_FORMAT_NAME
-    try:
-        with open(Path(plan_dir) / MANIFEST) as f:
-            return json.load(f).get("format") == HYBRID_FORMAT_NAME
+    from ..store.files import HYBRID_FORMAT_NAME, read_manifest_bytes
+    try:   # the store's one way of opening a manifest: links and FIFOs refused unopened
+        return json.loads(read_manifest_bytes(plan_dir)).get("format") == HYBRID_FORMAT_NAME
     except (OSError, ValueError, AttributeError):
         return False   # load_manifest says what is wrong
 

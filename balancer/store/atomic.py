@@ -19,7 +19,7 @@ from typing import Optional
 
 from .files import (ARRAYS, FORMAT_NAME, HYBRID_ARRAYS, HYBRID_FORMAT_NAME, KILL_ENV, MANIFEST,
                     MANIFEST_DIGEST_KEY, NO_EXCHANGE_ENV,
-                    epoch_dirname, fsync_dir)
+                    epoch_dirname, fsync_dir, read_manifest_bytes)
 
 
 # ---- atomic plan directories --------------------------------------------------------------
@@ -63,11 +63,17 @@ def foreign_entry(path) -> Optional[str]:
     return None
 
 
-def _has_plan_manifest(path: Path) -> bool:
+def _has_plan_manifest(path: Path, *, strict: bool = False) -> bool:
+    """Whether ``path`` holds a plan manifest (read by :func:`read_manifest_bytes`); with
+    ``strict``, a manifest that is a link, a FIFO or too large raises its ValueError."""
     try:
-        with open(path / MANIFEST) as f:
-            m = json.load(f)
-    except (OSError, ValueError):
+        m = json.loads(read_manifest_bytes(path))
+    except ValueError as e:
+        if strict and not isinstance(e, json.JSONDecodeError) and \
+                not isinstance(e, UnicodeDecodeError):
+            raise
+        return False
+    except OSError:
         return False
     return isinstance(m, dict) and m.get("format") in (FORMAT_NAME, HYBRID_FORMAT_NAME)
 
@@ -85,7 +91,11 @@ def check_replaceable(path) -> None:
                          f"(remove it yourself or choose another --out)")
     if not any(path.iterdir()):
         return
-    if not _has_plan_manifest(path):
+    try:
+        is_plan = _has_plan_manifest(path, strict=True)
+    except ValueError as e:
+        raise ValueError(f"{e}; {how}; refusing to replace {path}") from None
+    if not is_plan:
         raise ValueError(f"{path} is not a plan directory (no {MANIFEST} of format "
                          f"{FORMAT_NAME}); {how}; refusing to replace it (remove it yourself "
                          f"or choose another --out)")

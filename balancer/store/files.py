@@ -2,8 +2,10 @@
 header (appended, preallocated and written in slices by several ranks, hashed in blocks)."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -36,6 +38,43 @@ HYBRID_ARRAYS = {
     "item_start": "<i8", "item_length": "<i8",
 }
 _HASH_BLOCK = 1 << 24
+#: a plan manifest lists ~15 arrays per epoch in a few KiB: anything larger is not one
+MAX_MANIFEST_BYTES = 64 << 20
+_REFUSED = "refused (the plan store reads only regular files inside its directory)"
+
+
+def read_manifest_bytes(plan_dir) -> bytes:
+    """The bytes of ``plan_dir/manifest.json``, read by the one path every entry point uses
+    (load, inspect, overwrite): opened with O_NOFOLLOW | O_NONBLOCK and checked with fstat
+    before a byte is read, so a symbolic link (to /dev/zero, a FIFO, anywhere), a FIFO or a
+    device is refused unread instead of blocking or filling memory, and so is a file larger
+    than :data:`MAX_MANIFEST_BYTES`. FileNotFoundError when there is none; ValueError naming
+    the file otherwise."""
+    m = Path(plan_dir) / MANIFEST
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(m, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP or (e.errno != errno.ENOENT and os.path.islink(m)):
+            raise ValueError(f"{m}: is a symbolic link; {_REFUSED}") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if \
+                stat.S_ISDIR(st.st_mode) else "a device or socket"
+            raise ValueError(f"{m}: is not a regular file ({kind}); {_REFUSED}")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{m}: {st.st_size} bytes, more than the {MAX_MANIFEST_BYTES} a "
+                             f"plan manifest can hold; refused unread")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:   # grew while being read
+            raise ValueError(f"{m}: more than the {MAX_MANIFEST_BYTES} bytes a plan manifest "
+                             f"can hold; refused")
+        return data
+    finally:
+        os.close(fd)
 
 
 # ---- .npy files with a fixed header ----------------------------------------------------------

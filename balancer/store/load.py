@@ -18,7 +18,8 @@ from ..planning.plan import Items, Plan, microbatch_step_rank
 from ..zigzag import cp_pad_unit
 from .atomic import _moved_aside, manifest_digest
 from .files import (ARRAYS, FORMAT_NAME, FORMAT_VERSION, HEADER_BYTES, HYBRID_FORMAT_NAME,
-                    MANIFEST, MANIFEST_DIGEST_KEY, file_digest, npy_header)
+                    MANIFEST, MANIFEST_DIGEST_KEY, file_digest, npy_header,
+                    read_manifest_bytes)
 
 
 # ---- loading and checking -----------------------------------------------------------------
@@ -133,14 +134,13 @@ def read_sealed_manifest(path, fmt: str, version: int) -> tuple[dict, Path]:
     if not path.is_dir():
         raise ValueError(f"{path}: no plan directory there")
     m = path / MANIFEST
-    if m.is_symlink():
-        raise ValueError(f"{m}: is a symbolic link; refused (the plan store reads only regular "
-                         f"files inside its directory)")
-    if not m.is_file():
-        raise ValueError(f"{path}: incomplete plan (no {MANIFEST}); was precompute interrupted?")
     try:
-        with open(m) as f:
-            manifest = json.load(f)
+        raw = read_manifest_bytes(path)   # links, FIFOs, devices refused unopened
+    except FileNotFoundError:
+        raise ValueError(f"{path}: incomplete plan (no {MANIFEST}); was precompute "
+                         f"interrupted?") from None
+    try:
+        manifest = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{m}: the manifest is not valid JSON ({e})") from None
     got = manifest.get("format") if isinstance(manifest, dict) else None

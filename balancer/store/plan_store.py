@@ -76,12 +76,14 @@ from .files import (  # noqa: F401 (balancer.store.<name>: one namespace)
     KILL_ENV,
     MANIFEST,
     MANIFEST_DIGEST_KEY,
+    MAX_MANIFEST_BYTES,
     NO_EXCHANGE_ENV,
     _HASH_BLOCK,
     allocate_array,
     file_digest,
     fsync_dir,
     npy_header,
+    read_manifest_bytes,
     write_slice)
 from .load import (  # noqa: F401 (balancer.store.<name>: one namespace)
     _HEX64,
