@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     try:
         return args._run(args)
     except (ValueError, OSError) as e:  # bad input: one line naming the file / flag / sample
-        msg = " ".join(str(e).split("\n"))
+        from .args import as_flags  # the Python spelling of a config argument -> its flag
+        msg = as_flags(" ".join(str(e).split("\n")))
         print(f"error: {msg}", file=sys.stderr)
         return 2
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import typing
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,21 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
          "max_advance": "--max-advance", "seed": "--seed", "over_length": "--over-length",
          "tail": "--tail", "cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity",
          "sync": "--sync"}
+
+#: a config argument with a string value as Python writes it: ``over_length='chunk'`` (numbers
+#: such as ``cp=2`` describe a layout and stay as they are)
+_PY_ARGUMENT = re.compile(r"\b(" + "|".join(FLAGS) + r")=(['\"])([\w.-]+)\2")
+
+
+def as_flags(message: str) -> str:
+    """An error message of the package as the command line says it: a config argument written
+    the Python way (``over_length='chunk'``) becomes its flag (``--over-length chunk``), unless
+    the message names the flag already."""
+    def flag(m):
+        f = FLAGS[m.group(1)]
+        return m.group(0) if f in message else f"{f} {m.group(3)}"
+    return _PY_ARGUMENT.sub(flag, message)
+
 
 #: every registered strategy, in registry order (balancer.strategies.registry.STRATEGY_MODULES)
 DEFAULT_STRATEGIES = tuple(strategies.names())

@@ -14,8 +14,8 @@ from .. import workloads
 from .commands import command
 from ..cost.model import CostModel, load_cost_model
 from ..planning.planner import Plan
-from ..report.build import add_speedups, analyze, build_report, format_summary, layout_block, \
-    write_report
+from ..report.build import add_speedups, analyze, build_report, cost_block, format_summary, \
+    layout_block, write_report
 from ..samples import SampleTable
 
 
@@ -71,6 +71,8 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     """Everything ``python -m balancer report`` does; returns the report dict (with
     ``report_seconds`` and ``files``)."""
     from ..planning.warmup import warmup
+    given = {k: getattr(args, k, None) is not None for k in ("dp", "microbatches")}
+    args = _with_layout_default(args)
     if getattr(args, "cp_mode", "fixed") == "hybrid":
         from .hybrid import run_hybrid_report
         return run_hybrid_report(args, out=out, plots=plots, quiet=quiet)
@@ -97,8 +99,8 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
             report = {"workload": {"samples": plan.n_samples,
                                    "tokens": int(plan.entry_length.sum() + plan.leftover.length.sum()),
                                    "name": wname, "lengths_known": False},
-                      "layout": layout_block(layout), "cost_model": cost.name,
-                      "cost_unit": cost.unit, "config": config.model_dump(), "strategies": {}}
+                      "layout": layout_block(layout), **cost_block(cost),
+                      "config": config.model_dump(), "strategies": {}}
             details = {}
             for name, p in plans.items():
                 report["strategies"][name], details[name] = analyze(p, cost, None)
@@ -108,12 +110,27 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     else:
         if lengths is None:
             raise ValueError("give --lengths FILE.npy|NAME, --dataset DIR or --plan DIR")
+        if not any(given.values()):
+            # the defaults (one rank, one microbatch) make every step one microbatch: every
+            # strategy would be the same plan at imbalance 1.000
+            raise ValueError("give the layout to report on: --dp N (data-parallel ranks) and "
+                             "--microbatches N (per rank per step), with --pp and --cp where "
+                             "they apply; e.g. --dp 8 --pp 4 --cp 2 --microbatches 4")
         cost, layout, config = cli_args.build(_with_cost_default(args))
     if names:
         warmup(["fixed"])
     report, details = build_report(lengths, cost, layout, config, names, workload=wname,
                                    plans=plans)
     return _finish(report, details, lengths, cost, out, plots, quiet, t0)
+
+
+def _with_layout_default(args):
+    """``--dp`` and ``--microbatches`` left out (None) take the Layout's defaults."""
+    ns = argparse.Namespace(**vars(args))
+    for k in ("dp", "microbatches"):
+        if getattr(ns, k, None) is None:
+            setattr(ns, k, 1)
+    return ns
 
 
 def _with_cost_default(args):
@@ -134,8 +151,9 @@ def _finish(report, details, lengths, cost, out, plots, quiet, t0) -> dict:
 def _report_args(p: argparse.ArgumentParser) -> None:
     cli_args.add_workload_args(p)
     cli_args.add_cp_args(p)
-    # None = "not given": a stored plan brings its own cost model and strategy
-    p.set_defaults(cost_model=None, strategies=None)
+    # None = "not given": a stored plan brings its own cost model and strategy; a report of
+    # lengths needs --dp or --microbatches (run_report)
+    p.set_defaults(cost_model=None, strategies=None, dp=None, microbatches=None)
     g = p.add_argument_group("report")
     g.add_argument("--plan", default=None, help="a plan directory written by precompute "
                    "(balancer.store); its layout and config are used")

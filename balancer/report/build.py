@@ -142,6 +142,23 @@ def add_speedups(report: dict) -> None:
         report["speedup"][name] = x
 
 
+def cost_block(cost: CostModel) -> dict:
+    """The report's cost-model keys: name, unit, and what its seconds rest on
+    (``flops_per_second``: the cost model's achieved FLOP/s per GPU, None without one;
+    ``seconds_basis``: the same in words, stated in report.md and the summary)."""
+    fps = cost.flops_per_second if cost.unit == "flops" else None
+    if cost.unit == "seconds":
+        basis = f"seconds measured by calibration (cost model {cost.name})"
+    elif fps:
+        basis = (f"seconds = FLOPs / {fps / 1e12:g} TFLOP/s per GPU (flops_per_second of cost "
+                 f"model {cost.name})")
+    else:
+        basis = (f"no clock: cost model {cost.name} counts {cost.unit} with no flops_per_second, "
+                 f"so times are in cost units")
+    return {"cost_model": cost.name, "cost_unit": cost.unit, "flops_per_second": fps,
+            "seconds_basis": basis}
+
+
 def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: PlannerConfig,
                  names: list[str], *, workload: str | None = None,
                  plans: dict[str, Plan] | None = None) -> tuple[dict, dict]:
@@ -149,7 +166,7 @@ def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: P
     as they are) and analyse each. Returns ``(report dict, plot details by strategy)``."""
     samples = SampleTable(lengths)
     report = {"workload": workload_block(samples.lengths, cost, workload),
-              "layout": layout_block(layout), "cost_model": cost.name, "cost_unit": cost.unit,
+              "layout": layout_block(layout), **cost_block(cost),
               "config": config.model_dump(), "strategies": {}}
     details = {}
     items = list((plans or {}).items())
@@ -219,6 +236,8 @@ def format_summary(report: dict) -> str:
     lines = [f"workload: {w.get('name') or '?'} {w['samples']:,} samples, {w['tokens']:,} tokens "
              f"| dp={lay['dp']} pp={lay['pp']} cp={lay['cp']} microbatches={lay['microbatches']} "
              f"capacity={lay['capacity']:,} | cost {report['cost_model']}"]
+    if report.get("seconds_basis"):
+        lines.append(report["seconds_basis"])
     secs = any((s.get("gpu_time") or {}).get("est_epoch_seconds") is not None
                for s in report["strategies"].values())
     tcol = "epoch s" if secs else "est time"

@@ -44,7 +44,8 @@ def render(report: dict) -> str:
     L.append(f"- **Layout**: dp={lay['dp']} x pp={lay['pp']} x cp={lay['cp']} "
              f"({lay['dp'] * lay['pp'] * lay['cp']} GPUs), {lay['microbatches']} microbatches per "
              f"DP rank per step, capacity {lay['capacity']:,} tokens per microbatch")
-    L.append(f"- **Cost model**: {report['cost_model']} (unit: {report.get('cost_unit', '?')})")
+    L.append(f"- **Cost model**: {report['cost_model']} (unit: {report.get('cost_unit', '?')})"
+             + (f"; {report['seconds_basis']}" if report.get("seconds_basis") else ""))
     if base:
         L.append(f"- **Baseline for speedups**: {base}")
     if "report_seconds" in report:

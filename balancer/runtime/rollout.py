@@ -74,11 +74,14 @@ class RolloutMicrobatches:
 
     def restore(self, outputs: Sequence[Union[Mapping, torch.Tensor]],
                 kinds: Optional[Mapping] = None) -> dict:
-        """Results of every microbatch (a dict of tensors, or one tensor, named ``"output"``,
-        ``[T, ...]`` per token or ``[N, ...]`` per document) back on the rank each sample came
-        from, in its original order: per-token results as [B, S, ...] (zeros where the mask is
-        0) for a padded input or a list of [L_i, ...] tensors, per-sample results as [B, ...].
-        Collective: every rank calls it."""
+        """Results of every microbatch (per microbatch a dict of tensors, or one tensor, which
+        is named ``"output"``; ``[T, ...]`` per token or ``[N, ...]`` per document) back on the
+        rank each sample came from, in its original order.
+
+        Returns a dict, output name -> result (``r.restore(outs)["output"]`` when each
+        microbatch gave one tensor): per-token results as [B, S, ...] (zeros where the mask is
+        0) for a padded input, or a list of [L_i, ...] tensors for a list input; per-sample
+        results as [B, ...]. Collective: every rank calls it."""
         outs = [o if isinstance(o, Mapping) else {"output": o} for o in outputs]
         res, spec = restore(self.result, outs, kinds)
         out = {}

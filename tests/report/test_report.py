@@ -181,3 +181,41 @@ def test_report_of_a_saved_dataset(tmp_path):
     assert rep["workload"]["samples"] == 2000 and rep["workload"]["tokens"] == int(lengths.sum())
     assert list(rep["strategies"]) == ["sequential", "balanced"]
     assert rep["strategies"]["balanced"]["speedup_vs_baseline"] > 0
+
+
+def test_report_states_the_clock_its_seconds_rest_on():
+    # seconds come from the cost model's flops_per_second (400 TFLOP/s in llama-7b): the JSON,
+    # report.md and the terminal summary say so, and a model without a clock says it has none
+    lengths = _lengths(3000, seed=2)
+    cost = load_cost_model("llama-7b")
+    layout = Layout(dp=2, microbatches=2, capacity=16384)
+    rep, _ = R.build_report(lengths, cost, layout, PlannerConfig(over_length="chunk"),
+                            ["sequential", "balanced"])
+    assert rep["flops_per_second"] == cost.flops_per_second == 4.0e14
+    assert "400 TFLOP/s" in rep["seconds_basis"] and "llama-7b" in rep["seconds_basis"]
+    from balancer.report.markdown import render
+    assert rep["seconds_basis"] in render(rep)
+    assert "400 TFLOP/s" in R.format_summary(rep)
+    plain = load_cost_model("quadratic-64k")
+    rep, _ = R.build_report(lengths, plain, Layout(dp=2, microbatches=2, capacity=65536),
+                            PlannerConfig(), ["sequential"])
+    assert rep["flops_per_second"] is None and "no clock" in rep["seconds_basis"]
+
+
+def test_report_of_lengths_needs_the_layout(tmp_path, capsys):
+    # with no --dp and no --microbatches every step is one microbatch: every strategy would
+    # be the same plan at imbalance 1.000, so the command asks for the layout instead
+    np.save(tmp_path / "lens.npy", _lengths(500))
+    argv = ["report", "--lengths", str(tmp_path / "lens.npy"), "--capacity", "8192",
+            "--out", str(tmp_path / "r"), "--no-plots"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dp" in err and "--microbatches" in err
+    # an over-long sample: the error names the flag that cuts it, not the Python argument
+    assert main([*argv, "--microbatches", "4", "--strategies", "sequential"]) == 2
+    err = capsys.readouterr().err
+    assert "--over-length chunk" in err and "over_length=" not in err, err
+    assert main([*argv, "--microbatches", "4", "--strategies", "sequential",
+                 "--over-length", "chunk"]) == 0
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert (rep["layout"]["dp"], rep["layout"]["microbatches"]) == (1, 4)
