@@ -82,6 +82,7 @@ def _trained(tr, cuts):
     return [h[a:b] for a, b in zip([0] + cuts[:-1], cuts)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_epochs_of_different_lengths(tmp_path, name):
     """num_train_epochs=3 over epochs of 9, 8, 8 steps (or with short steps mid-epoch): every
@@ -95,6 +96,7 @@ def test_epochs_of_different_lengths(tmp_path, name):
     assert tr.state.global_step == tr.state.max_steps == len(planned)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [-1, 0, 3])
 def test_max_steps_crossing_epochs(tmp_path, extra):
     """max_steps past the first epoch: exactly the first max_steps planned steps, each once
@@ -126,3 +128,102 @@ def test_early_stopping_ends_cleanly(tmp_path):
     tr.train()
     assert tr.state.global_step == 3
     assert _trained(tr, cuts) == _planned(*w[:4], epochs=1)[:3]
+
+
+# ---- resume_from_checkpoint mid-epoch ---------------------------------------------------------
+def _run(tmp_path, workers, resume=None, ignore=False):
+    tr, _ = _trainer(tmp_path, num_train_epochs=2, save_strategy="steps", save_steps=4,
+                     dataloader_num_workers=workers, ignore_data_skip=ignore)
+    cuts = _step_recorder(tr)
+    tr.train(resume_from_checkpoint=resume)
+    return tr, _trained(tr, cuts)
+
+
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory):
+    """The uninterrupted run (2 epochs of 9 and 8 steps, a checkpoint every 4 steps), once per
+    worker count."""
+    cache = {}
+
+    def get(workers):
+        if workers not in cache:
+            path = tmp_path_factory.mktemp(f"full{workers}")
+            tr, stream = _run(path, workers)
+            params = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+            cache[workers] = (path, stream, params)
+        return cache[workers]
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at,ignore,workers", [  # at 4: step 4 of epoch 0's 9; 12: 3 of 8 of epoch 1
+    (4, False, 0), (4, True, 0), (12, False, 0), (12, True, 0), (12, False, 2), (12, True, 2)])
+def test_resume_mid_epoch(tmp_path, full_runs, at, ignore, workers):
+    """resume_from_checkpoint at a step inside an epoch: the resumed run trains exactly the
+    uninterrupted run's remaining steps, grouped the same, and ends with the same weights
+    (before: 'epoch 0: the Trainer trained 9 of this rank's 17 microbatches')."""
+    path, stream, params = full_runs(workers)
+    tr, resumed = _run(tmp_path, workers, resume=str(path / "out" / f"checkpoint-{at}"),
+                       ignore=ignore)
+    assert resumed == stream[at:]
+    assert tr.state.global_step == len(stream)
+    for n, p in tr.model.named_parameters():
+        torch.testing.assert_close(p.detach(), params[n], rtol=0, atol=1e-12)
+
+
+def _two_rank_resume(rank, world, out):
+    """Each rank: the uninterrupted 2-epoch run (a checkpoint every step), then two resumed
+    runs: inside epoch 0 with ignore_data_skip, inside epoch 1 without."""
+    import json
+    from pathlib import Path
+
+    from transformers import Trainer, TrainingArguments
+
+    from integration_helpers import workload
+
+    class PackedTrainer(PackedTrainerMixin, Trainer):
+        pass
+
+    samples, cost, layout, config, ds = workload()
+
+    def run(name, resume=None, ignore=False):
+        args = TrainingArguments(
+            output_dir=str(Path(out) / "full"), use_cpu=True,
+            gradient_accumulation_steps=layout.microbatches, num_train_epochs=2, optim="sgd",
+            learning_rate=0.1, lr_scheduler_type="constant", max_grad_norm=0.0,
+            weight_decay=0.0, report_to=[], save_strategy="steps" if resume is None else "no",
+            save_steps=1, logging_steps=1000, disable_tqdm=True, ignore_data_skip=ignore)
+        tr = PackedTrainer(model=tiny_llama(), args=args, train_dataset=ds,
+                           packed_sampler=PackedBatchSampler(samples, cost, layout, config),
+                           keep_history=True, compute_loss_func=causal_lm_loss)
+        cuts = _step_recorder(tr)
+        tr.train(resume_from_checkpoint=resume)
+        params = {n.removeprefix("module."): p.detach().tolist()
+                  for n, p in tr.model.named_parameters()}
+        return {"stream": _trained(tr, cuts), "params": params,
+                "n0": len(tr.packed_epoch_steps(0))}
+
+    res = {"full": run("full")}
+    n0 = res["full"]["n0"]
+    res["resumes"] = [(at, run("r", str(Path(out) / "full" / f"checkpoint-{at}"), ignore))
+                      for at, ignore in ((3, True), (n0 + 2, False))]
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(res))
+
+
+@pytest.mark.slow
+def test_resume_mid_epoch_two_processes(tmp_path):
+    """2 gloo processes (DDP): resuming inside epoch 0 (ignore_data_skip) and inside epoch 1
+    gives every rank the uninterrupted run's remaining steps and weights."""
+    import json
+
+    need("accelerate")
+    from tests.common.gloo import run_ranks
+    run_ranks(_two_rank_resume, 2, tmp_path, torchrun_env=True)
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        full = r["full"]
+        for at, res in r["resumes"]:
+            assert res["stream"] == full["stream"][at:], (rank, at)
+            for n, v in res["params"].items():
+                torch.testing.assert_close(torch.tensor(v), torch.tensor(full["params"][n]),
+                                           rtol=0, atol=1e-12)
