@@ -291,8 +291,12 @@ class CPCostModel(BaseModel):
         lengths = as_sizes(lengths)
         sizes = self.sizes(n_ranks)
         c = self.cost
-        att_f = self._to_seconds(_part(c.forward, "a", lengths))
-        att_b = self._to_seconds(_part(c.backward, "a", lengths)) + (att_f if c.recompute else 0)
+        raw_f, raw_b = _part(c.forward, "a", lengths), _part(c.backward, "a", lengths)
+        if c.attention:  # attention terms per layer type (sliding, chunked, full)
+            tf, tb = c._term_costs(lengths)
+            raw_f, raw_b = raw_f + tf, raw_b + tb
+        att_f = self._to_seconds(raw_f)
+        att_b = self._to_seconds(raw_b) + (att_f if c.recompute else 0)
         n, k = lengths.shape[0], sizes.shape[0]
         out = [np.zeros((n, k)) for _ in range(3)]
         lat = np.zeros(k)

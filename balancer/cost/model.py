@@ -20,12 +20,14 @@ from typing import Literal, Optional
 import math
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_serializer, model_validator
 
 from packing.validate import MAX_LENGTH, as_sizes
 
 from ..config import load_yaml
 from .. import resources
+from .attention import AttentionTerm
+from .hf_config import cost_fields, read_config
 from ..zigzag import padded_lengths, zigzag_attention
 from ..frozen import FROZEN_FINITE
 
@@ -169,6 +171,29 @@ class CostModel(BaseModel):
     memory: Optional[MemoryModel] = Field(None, description="memory model giving the capacity")
     flops_per_second: Optional[float] = Field(
         None, gt=0, description="achieved FLOP/s, to turn FLOP costs into seconds")
+    attention: tuple[AttentionTerm, ...] = Field(
+        (), description="attention per layer type, per query-key pair (full causal, sliding "
+                        "window, chunked local), added to the `a L^2` term: what a model with "
+                        "mixed attention layers costs (balancer.cost.attention)")
+
+    @model_serializer(mode="wrap")
+    def _omit_no_terms(self, handler):
+        # a model without attention terms serializes as before they existed (manifests, plan
+        # hashes and stored CP plans of the existing presets stay byte-identical)
+        out = handler(self)
+        if not self.attention and isinstance(out, dict):
+            out.pop("attention", None)
+        return out
+
+    def _term_costs(self, lengths: np.ndarray):
+        """Forward and backward (no recompute) of the attention terms, float64[n] each."""
+        fwd = np.zeros(lengths.shape[0])
+        bwd = np.zeros(lengths.shape[0])
+        for t in self.attention:
+            p = t.pairs(lengths)
+            fwd += t.forward * p
+            bwd += t.backward * p
+        return fwd, bwd
 
     # ---- evaluation -----------------------------------------------------------------------
     def doc_costs(self, lengths) -> tuple[np.ndarray, np.ndarray]:
@@ -177,6 +202,9 @@ class CostModel(BaseModel):
         lengths = as_sizes(lengths)
         fwd = self.forward.doc(lengths)
         bwd = self.backward.doc(lengths)
+        if self.attention:
+            tf, tb = self._term_costs(lengths)
+            fwd, bwd = fwd + tf, bwd + tb
         if self.recompute:
             bwd = bwd + fwd
         if fwd.size and not math.isfinite(float(fwd.sum()) + float(bwd.sum())):
@@ -218,7 +246,11 @@ class CostModel(BaseModel):
         lengths = np.asarray(lengths, dtype=np.int64)
         f, b = self.forward, self.backward
         att_f = _part(f, "a", lengths)
-        att_b = _part(b, "a", lengths) + (att_f if self.recompute else 0.0)
+        att_b = _part(b, "a", lengths)
+        if self.attention:
+            tf, tb = self._term_costs(lengths)
+            att_f, att_b = att_f + tf, att_b + tb
+        att_b = att_b + (att_f if self.recompute else 0.0)
         lin = _part(f, "b", lengths) + _part(b, "b", lengths)
         per_doc = _part(f, "d", lengths) + _part(b, "d", lengths)
         if self.recompute:
@@ -241,6 +273,10 @@ class CostModel(BaseModel):
         padded = padded_lengths(lengths, cp).astype(np.float64)
         whole = a_pairs * lf * (lf + 1) / 2 + b * lf
         sharded = a_pairs * zigzag_attention(lengths, cp) + (b * padded / cp)[:, None]
+        for t in self.attention:  # each layer type's own pairs: a window moves the busiest rank
+            k = t.forward + t.backward + (t.forward if self.recompute else 0.0)
+            whole = whole + k * t.pairs(lengths)
+            sharded = sharded + k * t.shard_pairs(lengths, cp)
         return whole, sharded
 
     @staticmethod
@@ -308,18 +344,20 @@ class CostModel(BaseModel):
         doc = read_yaml(path, "cost preset")
         doc.setdefault("name", Path(path).stem)
         try:
+            if "hf_config" in doc:
+                return _from_hf_preset(doc, Path(path))
             if "model" in doc:
                 opts = dict(doc)
                 model = opts.pop("model")
                 if not isinstance(model, dict):
                     raise ValueError(f"model: expected a mapping, got {type(model).__name__}")
                 spec = ModelSpec(**model)
-                allowed = {"name", "recompute", "attn_backward_ratio", "linear_backward_ratio",
-                           "device_bytes", "fixed_bytes", "flops_per_second", "description"}
+                allowed = _MODEL_OPTIONS
                 unknown = set(opts) - allowed
                 if unknown:
                     raise ValueError(f"unknown keys {sorted(unknown)} (allowed: {sorted(allowed)})")
                 opts.pop("description", None)
+                opts.pop("source", None)
                 return cls.from_model(spec, **opts)
             doc.pop("description", None)
             return cls(**doc)
@@ -327,6 +365,43 @@ class CostModel(BaseModel):
             raise ValueError(f"{path}: {one_line(e)}") from None
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+#: options of a preset built from a model (``model:`` or ``hf_config:``)
+_MODEL_OPTIONS = {"name", "recompute", "attn_backward_ratio", "linear_backward_ratio",
+                  "device_bytes", "fixed_bytes", "flops_per_second", "description", "source"}
+
+
+def _from_hf_preset(doc: dict, path: Path) -> CostModel:
+    """A preset whose model is a Hugging Face config: ``hf_config:`` a mapping (the
+    config.json's contents) or a JSON file path (relative to the preset), plus the options of
+    :func:`cost_model_from_config`; ``source:`` notes where the
+    config came from."""
+    opts = dict(doc)
+    cfg = opts.pop("hf_config")
+    if isinstance(cfg, str):
+        cfg = read_config(path.parent / cfg if not Path(cfg).is_absolute() else cfg)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"hf_config: expected a mapping or a JSON file, got "
+                         f"{type(cfg).__name__}")
+    unknown = set(opts) - _MODEL_OPTIONS
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)} (allowed: "
+                         f"{sorted(_MODEL_OPTIONS | {'hf_config'})})")
+    opts.pop("description", None)
+    opts.pop("source", None)
+    return cost_model_from_config(cfg, where="hf_config", **opts)
+
+
+def cost_model_from_config(cfg: dict, **options) -> CostModel:
+    """The :class:`CostModel` of a Hugging Face config dict (``config.json``'s contents):
+    :func:`balancer.cost.hf_config.cost_fields` with these options (name, where, recompute,
+    attn_backward_ratio, linear_backward_ratio, device_bytes, fixed_bytes, flops_per_second,
+    bytes_per_value)."""
+    try:
+        return CostModel(**cost_fields(cfg, **options))
+    except ValidationError as e:
+        raise ValueError(f"{options.get('where', 'config')}: {one_line(e)}") from None
 
 
 def config_dir() -> Path:
@@ -349,13 +424,21 @@ def preset_path(name_or_path: str, subdir: str) -> Optional[Path]:
 
 
 def load_cost_model(name_or_path: str) -> CostModel:
-    """A built-in name, a preset name from ``configs/models``, or a path to a YAML file."""
+    """A built-in name, a preset name from ``configs/models``, a path to a YAML file, or a
+    path to a Hugging Face ``config.json`` (:mod:`balancer.cost.hf_config`; named after the
+    file, or its folder when the file is ``config.json``)."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]()
+    p = Path(str(name_or_path))
+    if p.suffix == ".json":
+        if not p.is_file():
+            raise ValueError(f"model config {str(p)!r}: no such file")
+        name = p.parent.name if p.stem == "config" and p.parent.name else p.stem
+        return cost_model_from_config(read_config(p), name=name or "hf-config", where=str(p))
     path = preset_path(name_or_path, "models")
     if path is None:
-        raise ValueError(f"unknown cost model {name_or_path!r}: not a YAML file and not one of "
-                         f"{available_presets()}")
+        raise ValueError(f"unknown cost model {name_or_path!r}: not a YAML file, not a "
+                         f"Hugging Face config .json and not one of {available_presets()}")
     return CostModel.from_yaml(path)
 
 
@@ -367,4 +450,5 @@ def analytic_training_flops(spec: ModelSpec, lengths) -> float:
 
 
 __all__ = ["CostModel", "MemoryModel", "ModelSpec", "PassCost", "analytic_training_flops",
-           "available_presets", "config_dir", "load_cost_model", "preset_path"]
+           "available_presets", "config_dir", "cost_model_from_config", "load_cost_model",
+           "preset_path"]
