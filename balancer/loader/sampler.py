@@ -105,7 +105,9 @@ class PackedBatchSampler(Sampler):
     with :func:`balancer.plan_epoch` (carrying the tail between epochs when
     ``config.tail == 'carry'``), or ``plan=``: a prebuilt :class:`Plan` (one epoch) or a callable
     ``epoch -> Plan``, or ``plan_dir=``: a precomputed plan store (``python -m balancer
-    precompute``), checked against ``layout``/``samples`` when they are given. Ranks default from the initialised process
+    precompute``), checked against ``layout``/``samples`` when they are given; ``verify_plan``:
+    ``"once"`` (the first process to open an epoch hashes its arrays and checks them, the others
+    trust its stamp: :mod:`balancer.store.verified`), ``True`` (every process), ``False``. Ranks default from the initialised process
     group (see the module docstring); ``num_replicas``/``rank`` follow ``DistributedSampler``
     and mean the DP size and DP rank. ``seed`` overrides ``config.seed``.
     """
@@ -116,7 +118,7 @@ class PackedBatchSampler(Sampler):
                  rank: Optional[int] = None, dp_rank: Optional[int] = None,
                  cp_rank: Optional[int] = None, pp_rank: Optional[int] = None, tp: int = 1,
                  seed: Optional[int] = None, epoch: int = 0, plan_dir=None,
-                 verify_plan: bool = True):
+                 verify_plan="once"):
         if samples is not None and not hasattr(samples, "fingerprint"):
             samples = SampleTable(samples)  # lengths as a list or array: the one validation
         if plan_dir is not None:

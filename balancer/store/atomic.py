@@ -20,6 +20,7 @@ from typing import Optional
 from .files import (ARRAYS, FORMAT_NAME, HYBRID_ARRAYS, HYBRID_FORMAT_NAME, KILL_ENV, MANIFEST,
                     MANIFEST_DIGEST_KEY, NO_EXCHANGE_ENV,
                     epoch_dirname, fsync_dir, read_manifest_bytes)
+from .verified import is_stamp_file
 
 
 # ---- atomic plan directories --------------------------------------------------------------
@@ -48,7 +49,8 @@ def manifest_digest(manifest: dict) -> str:
 
 def foreign_entry(path) -> Optional[str]:
     """The first entry of directory ``path`` that a plan store does not hold (relative name), or
-    None when it holds only ``manifest.json`` and ``epoch-NNNN/<array>.npy`` regular files."""
+    None when it holds only ``manifest.json`` and ``epoch-NNNN/<array>.npy`` regular files
+    (and the ``epoch-NNNN/verified.*`` stamps that readers leave)."""
     path = Path(path)
     for p in sorted(path.iterdir()):
         st = os.lstat(p)
@@ -57,8 +59,9 @@ def foreign_entry(path) -> Optional[str]:
         if not (_EPOCH_RE.fullmatch(p.name) and stat.S_ISDIR(st.st_mode)):
             return p.name
         for q in sorted(p.iterdir()):
-            if not (q.suffix == ".npy" and (q.stem in ARRAYS or q.stem in HYBRID_ARRAYS) and
-                    stat.S_ISREG(os.lstat(q).st_mode)):
+            ok = (q.suffix == ".npy" and (q.stem in ARRAYS or q.stem in HYBRID_ARRAYS)) or \
+                is_stamp_file(q.name)  # readers' verification stamps (balancer.store.verified)
+            if not (ok and stat.S_ISREG(os.lstat(q).st_mode)):
                 return f"{p.name}/{q.name}"
     return None
 

@@ -17,6 +17,7 @@ from ..config import Layout, PlannerConfig
 from ..planning.plan import Items, Plan, microbatch_step_rank
 from ..zigzag import cp_pad_unit
 from .atomic import _moved_aside, manifest_digest
+from .verified import VerifyMode, stamp_matches, verify_lock, verify_mode, write_stamp
 from .files import (ARRAYS, FORMAT_NAME, FORMAT_VERSION, HEADER_BYTES, HYBRID_FORMAT_NAME,
                     MANIFEST, MANIFEST_DIGEST_KEY, file_digest, npy_header,
                     read_manifest_bytes)
@@ -283,14 +284,18 @@ def _open_array(f: Path, name: str, info: dict, dtypes: Optional[dict] = None) -
     return np.load(f, mmap_mode="r", allow_pickle=False)
 
 
-def load_arrays(path, epoch: int = 0, *, verify: bool = True,
+def load_arrays(path, epoch: int = 0, *, verify: VerifyMode = True,
                 manifest: Optional[dict] = None, check_plan: bool = True) -> dict:
     """Every stored array of ``epoch``, memory-mapped read-only (name -> array). Paths are
     confined to the plan directory; sizes, headers and the O(steps + microbatches) invariants
-    are always checked; ``verify`` also checks every array's SHA-256 (reads the files once,
+    are always checked; ``verify=True`` also checks every array's SHA-256 (reads the files once,
     hashing arrays in parallel threads) and the O(entries) invariants: capacity, coverage of
-    every sample, token counts. ``check_plan=False`` skips those invariants (not the hashes):
-    for diagnosing a broken plan (``report --plan``), never for training from it."""
+    every sample, token counts. ``verify="once"`` does that only when no stamp shows that these
+    exact files already passed it (see :mod:`balancer.store.verified`): the first process to
+    open the epoch verifies, the others wait for it and trust its stamp. ``check_plan=False``
+    skips those invariants (not the hashes) and writes no stamp: for diagnosing a broken plan
+    (``report --plan``), never for training from it."""
+    verify = verify_mode(verify)
     path = resolve_plan_dir(path)
     manifest = manifest if manifest is not None else load_manifest(path)
     check_compatible(manifest)
@@ -299,19 +304,43 @@ def load_arrays(path, epoch: int = 0, *, verify: bool = True,
     infos = ent["arrays"]
     files = {name: _array_path(d, name, infos[name], epoch) for name in ARRAYS}
     arrays = {name: _open_array(files[name], name, infos[name]) for name in ARRAYS}
+    seal = manifest[MANIFEST_DIGEST_KEY]
+    if verify == "once" and check_plan:
+        if not stamp_matches(d, files, seal):
+            with verify_lock(d):  # the first reader verifies, the others wait and read its stamp
+                if not stamp_matches(d, files, seal):
+                    _verify(arrays, files, manifest, ent, epoch, check_plan)
+                    write_stamp(d, files, seal)
+                    return arrays
+        _check_structure(arrays, manifest, epoch)
+        _check_against_manifest(arrays, manifest, ent, epoch, full=False)
+        return arrays
     if verify:
-        names = [k for k in ARRAYS if arrays[k].size]
-        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
-            digests = dict(zip(names, ex.map(lambda k: file_digest(files[k]), names)))
-        empty = hashlib.sha256().hexdigest()
-        for name in ARRAYS:
-            got = digests.get(name, empty)
-            if got != infos[name]["sha256"]:
-                raise ValueError(f"{files[name]}: SHA-256 of {name!r} differs from "
-                                 f"the manifest (the array was edited or corrupted)")
+        _verify(arrays, files, manifest, ent, epoch, check_plan)
+        if check_plan:
+            write_stamp(d, files, seal)
+        return arrays
     _check_structure(arrays, manifest, epoch)
-    _check_against_manifest(arrays, manifest, ent, epoch, full=verify and check_plan)
+    _check_against_manifest(arrays, manifest, ent, epoch, full=False)
     return arrays
+
+
+def _verify(arrays: dict, files: dict, manifest: dict, ent: dict, epoch: int,
+            check_plan: bool) -> None:
+    """Every array's SHA-256 against the manifest, then the structure and (``check_plan``) the
+    O(entries) invariants."""
+    infos = ent["arrays"]
+    names = [k for k in ARRAYS if arrays[k].size]
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
+        digests = dict(zip(names, ex.map(lambda k: file_digest(files[k]), names)))
+    empty = hashlib.sha256().hexdigest()
+    for name in ARRAYS:
+        got = digests.get(name, empty)
+        if got != infos[name]["sha256"]:
+            raise ValueError(f"{files[name]}: SHA-256 of {name!r} differs from "
+                             f"the manifest (the array was edited or corrupted)")
+    _check_structure(arrays, manifest, epoch)
+    _check_against_manifest(arrays, manifest, ent, epoch, full=check_plan)
 
 
 def _check_structure(a: dict, manifest: dict, epoch: int) -> None:
@@ -408,12 +437,13 @@ def _check_against_manifest(a: dict, manifest: dict, ent: dict, epoch: int,
                              f"left over), the dataset has total_tokens={int(total)}")
 
 
-def load_plan(path, epoch: int = 0, *, verify: bool = True,
+def load_plan(path, epoch: int = 0, *, verify: VerifyMode = True,
               check_plan: bool = True) -> tuple[Plan, dict]:
     """The stored plan of ``epoch`` (arrays memory-mapped) and the manifest. Raises ValueError
     on a missing manifest or array, a wrong format version, an edited manifest, a path outside
     the plan directory, a size/header/hash mismatch, or arrays that break the manifest's
-    invariants (see :func:`load_arrays`)."""
+    invariants (see :func:`load_arrays`; ``verify="once"``: verified by the first process to
+    open the epoch, see :mod:`balancer.store.verified`)."""
     path = resolve_plan_dir(path)
     manifest = load_manifest(path)
     a = load_arrays(path, epoch, verify=verify, manifest=manifest, check_plan=check_plan)
@@ -433,9 +463,13 @@ def load_plan(path, epoch: int = 0, *, verify: bool = True,
 
 
 def plan_source(path, *, layout=None, dataset_fingerprint: Optional[str] = None,
-                n_samples: Optional[int] = None, verify: bool = True) -> Callable[[int], Plan]:
+                n_samples: Optional[int] = None,
+                verify: VerifyMode = "once") -> Callable[[int], Plan]:
     """``epoch -> Plan`` for ``PackedBatchSampler(plan=...)``: checks the manifest against the
-    running job once, then loads each epoch's plan on demand."""
+    running job once, then loads each epoch's plan on demand (``verify="once"``: the first
+    process to open an epoch hashes it, every other rank trusts its stamp; ``True``: every
+    process hashes every array)."""
+    verify_mode(verify)
     check_compatible(load_manifest(path), layout=layout, dataset_fingerprint=dataset_fingerprint,
                      n_samples=n_samples)
     return lambda epoch: load_plan(path, epoch, verify=verify)[0]
