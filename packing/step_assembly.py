@@ -133,19 +133,40 @@ def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1)
     return out, counts, placed[o], rest
 
 
+def _step_times(out, counts, costs, dp, m, rank_units):
+    """What a step of ``dp x m`` microbatches (``out``/``counts`` as :func:`_pack_exact` returns
+    them) costs, by every measure a plan is judged on: the slowest rank's sum; with microbatch
+    units also the lockstep time (the sum over microbatch positions of the slowest rank there).
+    With pp > 1 more microbatches shorten the 1F1B bubble: not balance, not compared here."""
+    c = np.add.reduceat(costs[out], np.concatenate(([0], np.cumsum(counts)[:-1]))).reshape(dp, m)
+    t = [float(c.sum(axis=1).max())]
+    if not rank_units:
+        t.append(float(c.max(axis=0).sum()))
+    return t
+
+
 def _pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
     """Pack ``items`` (priority order) into the fewest microbatches per rank, at most ``m_hi``,
     that take all of them (from the token lower bound up), so a short final step gets only the
     microbatches it needs; when even ``m_hi`` cannot take all, ``m_hi`` and the rest as
-    :func:`_pack_exact` returns it. Returns ``(mm, out, counts, idx, rest)``."""
+    :func:`_pack_exact` returns it. With ``balance`` a count below ``m_hi`` is kept only where
+    the step is no slower by any measure of :func:`_step_times` than with ``m_hi`` (a step
+    packed to the brim leaves no room to balance cost: fewer microbatches must never cost
+    balance). Returns ``(mm, out, counts, idx, rest)``."""
     need = -(-int(sizes[items].sum()) // (dp * capacity))
+    full = _pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp)
+    limit = None
+    if balance:
+        limit = [t * (1 + 1e-9) for t in _step_times(full[0], full[1], costs, dp, m_hi,
+                                                      rank_units)]
     for mm in range(max(1, min(need, m_hi)), m_hi):
         out, counts, idx, rest = _pack_exact(items, sizes, costs, dp, mm, capacity, rank_units,
                                              balance, pp)
         if rest.shape[0] == 0:
-            return mm, out, counts, idx, rest
-    return (m_hi,) + _pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance,
-                                 pp)
+            if limit is None or all(t <= u for t, u in zip(
+                    _step_times(out, counts, costs, dp, mm, rank_units), limit)):
+                return mm, out, counts, idx, rest
+    return (m_hi,) + full
 
 
 def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail, rank_units,

@@ -200,16 +200,30 @@ def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
             np.array(rest, dtype=np.int64))
 
 
+def step_times(out, counts, costs, dp, m, rank_units):
+    """The measures a step is judged on: slowest rank sum; lockstep time (microbatch units)."""
+    c = np.add.reduceat(costs[out], np.concatenate(([0], np.cumsum(counts)[:-1]))).reshape(dp, m)
+    t = [float(c.sum(axis=1).max())]
+    if not rank_units:
+        t.append(float(c.max(axis=0).sum()))
+    return t
+
+
 def pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
     """The fewest microbatches per rank (from the token lower bound up to ``m_hi``) that take
-    all of ``items``; ``m_hi`` with what does not fit otherwise. Returns (mm, out, counts, idx,
-    rest)."""
+    all of ``items`` and, with ``balance``, make a step no slower by any measure of
+    :func:`step_times` than ``m_hi`` does; ``m_hi`` (with what does not fit) otherwise.
+    Returns (mm, out, counts, idx, rest)."""
     tokens = sum(int(sizes[i]) for i in items)
+    full = pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp)
+    limit = [t * (1 + 1e-9) for t in step_times(full[0], full[1], costs, dp, m_hi, rank_units)]
     for mm in range(max(1, min(-(-tokens // (dp * capacity)), m_hi)), m_hi):
         got = pack_exact(items, sizes, costs, dp, mm, capacity, rank_units, balance, pp)
-        if len(got[3]) == 0:
+        if len(got[3]) == 0 and (not balance or all(
+                t <= u for t, u in zip(step_times(got[0], got[1], costs, dp, mm, rank_units),
+                                       limit))):
             return (mm,) + got
-    return (m_hi,) + pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp)
+    return (m_hi,) + full
 
 
 def _by_delay_then_cost(pool, delay, costs):
