@@ -11,12 +11,12 @@ _LAZY = {"epoch_order": "planning.stream", "plan_epoch": "planning.planner",
          "plan_epochs": "planning.planner", "PackedBatchSampler": "loader.sampler",
          "MicrobatchRef": "loader.sampler", "PackedCollator": "loader.collate",
          "PackedDataset": "loader.collate", "FlatTokens": "loader.collate",
-         # hybrid DP x CP (issue #15)
+         # hybrid DP x CP
          "HybridBatchSampler": "loader.hybrid", "HybridCollator": "loader.hybrid",
          "CPCostModel": "cost.cp", "CPHardware": "cost.cp", "plan_hybrid": "planning.hybrid",
          "plan_fixed_cp": "planning.hybrid", "plan_megatron_hybrid": "planning.hybrid",
          "estimate": "planning.hybrid", "warmup": "planning.warmup",
-         # run-time balancing of streamed batches and RL rollouts (issue #16)
+         # run-time balancing of streamed batches and RL rollouts
          **{n: "runtime" for n in ("RuntimeBalancer", "StepResult", "StepPlanner", "StepPlan",
                                    "Offers", "balance_rollout", "RolloutMicrobatches",
                                    "StreamingPackedDataset")}}

@@ -80,17 +80,13 @@ class Layout(BaseModel):
         out = handler(self)
         if isinstance(out, dict) and out.get("sync") == "step":
             del out["sync"]
-        # the same for the CP mode (issue #15): a fixed layout without rank_capacity dumps as
+        # the same for the CP mode: a fixed layout without rank_capacity dumps as
         # before these fields existed
         if isinstance(out, dict) and out.get("cp_mode") == "fixed":
             del out["cp_mode"]
         if isinstance(out, dict) and "rank_capacity" in out and out["rank_capacity"] is None:
             del out["rank_capacity"]
         return out
-
-    @property
-    def microbatches_per_step(self) -> int:
-        return self.dp * self.microbatches
 
 
 class PlannerConfig(BaseModel):

@@ -1,5 +1,5 @@
 """Hybrid DP x CP planning: one candidate round height (steps 2-4 in order), and the choice
-among candidates (issue #15). See :mod:`packing.hybrid_cp` for the whole algorithm.
+among candidates. See :mod:`packing.hybrid_cp` for the whole algorithm.
 """
 from __future__ import annotations
 

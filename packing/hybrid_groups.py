@@ -1,4 +1,4 @@
-"""Hybrid DP x CP planning: the state of the rounds being built (issue #15).
+"""Hybrid DP x CP planning: the state of the rounds being built.
 
 Per round ``r`` and rank ``p``: ``load[r, p]`` seconds, ``rtok[r, p]`` tokens, ``gid[r, p]``
 the group holding the rank (-1: none yet); per group ``g``: offset ``g_off``, size exponent

@@ -1,5 +1,5 @@
 """Hybrid DP x CP over a stream of global batches: which step every *tall* document trains in
-(issue #15; the movement of :func:`balancer.strategies.hybrid_stream.plan_hybrid_stream`).
+(the movement of :func:`balancer.strategies.hybrid_stream.plan_hybrid_stream`).
 
 A tall document is slower on any group than a round of short documents filling a rank's memory;
 several sharing one tall round ("shelf") cost less than each its own. Tall document ``zi`` (rows

@@ -1,5 +1,5 @@
-"""Hybrid DP x CP planning, steps 2b and 3: the other group documents, then the whole ones
-(issue #15). See :mod:`packing.hybrid_cp` for the whole algorithm and
+"""Hybrid DP x CP planning, steps 2b and 3: the other group documents, then the whole ones.
+See :mod:`packing.hybrid_cp` for the whole algorithm and
 :mod:`packing.hybrid_groups` for the round state.
 """
 from __future__ import annotations

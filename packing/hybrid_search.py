@@ -1,4 +1,4 @@
-"""Hybrid DP x CP planning, step 4: local search on whole documents (issue #15).
+"""Hybrid DP x CP planning, step 4: local search on whole documents.
 
 A document on the slowest rank of a round moves to the slot with the most room below its own
 round's maximum, or swaps with a cheaper document on one of the four least-loaded ranks of the

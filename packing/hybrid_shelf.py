@@ -1,4 +1,4 @@
-"""Hybrid DP x CP planning, step 2a: tall documents share tall rounds ("shelves") (issue #15).
+"""Hybrid DP x CP planning, step 2a: tall documents share tall rounds ("shelves").
 
 A shelf's documents each take the smallest aligned group reaching the shelf's height (groups
 packed largest first from rank 0); the height minimises ``height - (work whole short documents

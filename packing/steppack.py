@@ -189,12 +189,3 @@ def _priority_order(cls, cost, out):
         j = a[i]
         out[c4[cls[j]]] = j
         c4[cls[j]] += 1
-
-
-def priority_order(cls, cost) -> np.ndarray:
-    """Indices sorted by (class ascending, cost descending), stable."""
-    cls = np.ascontiguousarray(cls, dtype=np.int64)
-    cost = np.ascontiguousarray(cost, dtype=np.float64)
-    out = np.empty(cost.shape[0], dtype=np.int64)
-    _priority_order(cls, cost, out)
-    return out

@@ -1,7 +1,7 @@
 """Benchmark every packing strategy side by side, in one process, on real and synthetic
 workloads and a few layouts. Prints tables; ``--json PATH`` writes the same figures.
 
-    python tools/bench.py                        # the built-in suite (targets of issue #2)
+    python tools/bench.py                        # the built-in suite (the planner's targets)
     python tools/bench.py --lengths wlbllm --capacity 131072 --microbatches 4 --pp 4
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hybrid DP x CP against fixed CP at every degree and Megatron-LM's hybrid rule (issue #15).
+"""Hybrid DP x CP against fixed CP at every degree and Megatron-LM's hybrid rule.
 
 For every model preset and workload: the stream (shuffled with --seed) is cut into global batches
 of ``ranks x rounds x rank_capacity`` tokens, the same batches for every planner; each planner

@@ -1,6 +1,6 @@
 """The hybrid demo trainer against fixed CP on CPU/gloo, side by side in one run, measured vs
-the CP cost model's estimate (issue #15 target: the measured hybrid / fixed ratio agrees with
-the estimated one within 20%).
+the CP cost model's estimate (the target: the measured hybrid / fixed ratio agrees with the
+estimated one within 20%).
 
     ./dev python tools/bench_train_cp.py [--world 2] [--cp 2] [--rank-capacity 512]
         [--samples 800] [--steps 10] [--repeats 2] [--json PATH]

@@ -1,4 +1,4 @@
-"""Hybrid DP x CP demo trainer (issue #15 item 5): TinyLM on gloo CPU ranks, every document
+"""Hybrid DP x CP demo trainer: TinyLM on gloo CPU ranks, every document
 trained whole on one rank or zigzag-sharded over an aligned CP group with a context-parallel
 attention (a differentiable all-gather of K/V inside the group's gloo subgroup).
 

@@ -158,7 +158,7 @@ def build(args) -> tuple[CostModel, Layout, PlannerConfig]:
     return cost, layout, config
 
 
-# ---- context parallelism: fixed or hybrid (issue #15) ------------------------------------------
+# ---- context parallelism: fixed or hybrid ------------------------------------------------------
 CP_FLAGS = {"cp_mode": "--cp-mode", "rank_capacity": "--rank-capacity",
             "gpus_per_node": "--gpus-per-node", "overlap": "--cp-overlap"}
 

@@ -205,6 +205,6 @@ def _demo_run(args) -> int:
 command("demo", "imbalance report of every strategy on a built-in workload and layout")(
     (_demo_args, _demo_run))
 
-# after demo: the --help order of before issue #12 (compare, demo, report, ...)
+# after demo: the --help order users know (compare, demo, report, ...)
 command("report", "imbalance report of a workload or a stored plan: report.json, report.md, "
                   "PNG plots")((_report_args, _report_run))

@@ -79,7 +79,7 @@ def _precompute_args(p: argparse.ArgumentParser) -> None:
         g.add_argument("--" + name.replace("_", "-"), dest=name, help=f.description,
                        **_flag_type(f.annotation))
     g.add_argument("--overwrite", action="store_true", help="replace an existing plan directory")
-    cli_args.add_cp_args(p)   # --cp-mode hybrid writes a hybrid DP x CP plan (issue #15)
+    cli_args.add_cp_args(p)   # --cp-mode hybrid writes a hybrid DP x CP plan
     g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="tqdm progress bar (on rank 0)")
     # only flags actually given reach the namespace, so config files fill the rest
@@ -200,7 +200,7 @@ def _init_distributed() -> tuple[bool, bool]:
 def _shutdown_distributed(clean: bool) -> None:
     """Destroy the group the command created. Without it gloo's threads outlive ``main`` and
     rank 0 could abort at interpreter exit (SIGABRT, torchrun returning 1 after the plan was
-    written, issue 31). After a clean run every rank first meets the others (barrier) and drops
+    written). After a clean run every rank first meets the others (barrier) and drops
     finished collective work (gc); after an error the group is destroyed without waiting."""
     import gc
     import torch.distributed as dist

@@ -1,5 +1,5 @@
 """Cost of context parallelism per document and group size: compute per rank plus the exposed
-part of the K/V exchange (issue #15, item 1).
+part of the K/V exchange.
 
 A document of ``L`` tokens on a CP group of ``g`` ranks (``g`` a power of two) is padded to a
 multiple of ``2 g`` and zigzag-sharded (:mod:`balancer.loader.cp_shard`): rank ``r`` holds chunks ``r``
@@ -148,10 +148,6 @@ class CPCostTable(NamedTuple):
     work: np.ndarray
     round_constant: float
     rank_capacity: int
-
-    def feasible(self) -> np.ndarray:
-        """bool[n, K]: the document fits each rank of a group of that size."""
-        return self.tokens <= self.rank_capacity
 
 
 class CPCostModel(BaseModel):

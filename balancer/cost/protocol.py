@@ -1,4 +1,4 @@
-"""What a cost formula must provide (issue #12). Everything that asks "what does this cost"
+"""What a cost formula must provide. Everything that asks "what does this cost"
 goes through these methods, never through a formula's coefficients: the planner and the
 metrics (:mod:`balancer.cost.blocks`), CP sharding (:mod:`balancer.loader.cp_shard`),
 calibration (:mod:`balancer.cost.calibration`), the CP cost model (:mod:`balancer.cost.cp`) and

@@ -1,4 +1,4 @@
-"""The DataLoader drop-in of the hybrid DP x CP mode (issue #15, item 4): per microbatch round,
+"""The DataLoader drop-in of the hybrid DP x CP mode: per microbatch round,
 each rank of the pool gets its whole documents and its zigzag shards of the documents its CP
 group shares, with the group (ranks) each shard belongs to.
 

@@ -169,9 +169,6 @@ class MMCostModel(BaseModel):
         return int(free // max(e.activation_bytes_per_position() for e in enc))
 
     # ---- llm phase ----------------------------------------------------------------------------
-    def llm_costs(self, lengths) -> tuple[np.ndarray, np.ndarray]:
-        return self.llm.doc_costs(lengths)
-
     def capacity(self, cp: int = 1, pp: int = 1) -> int:
         """LLM tokens per microbatch (whole CP group)."""
         return self.llm.capacity(cp, pp)

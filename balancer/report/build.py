@@ -55,7 +55,7 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
                                       plan.leftover.start + plan.leftover.length]))
     block = metrics.plan_summary(plan, cost, lengths)
     block["problems"] = []
-    # the hybrid interface's keys (issue #15); the exchange is modelled only by --cp-mode hybrid
+    # the hybrid interface's keys; the exchange is modelled only by --cp-mode hybrid
     # and tools/bench.py --rank-capacity (balancer.report.hybrid.add_fixed_mode_figures)
     block["documents_cut"] = int(block.get("samples_chunked", 0))
     block["exposed_comm_fraction"] = 0.0 if plan.layout.cp == 1 else None

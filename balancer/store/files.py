@@ -29,7 +29,7 @@ ARRAYS = {
     "step_mbs": "<i8", "leftover_sample": "<i8", "leftover_start": "<i8",
     "leftover_length": "<i8",
 }
-#: hybrid DP x CP plans (issue #15): their own format name, every array of an epoch and its dtype
+#: hybrid DP x CP plans: their own format name, every array of an epoch and its dtype
 HYBRID_FORMAT_NAME = "balancer-hybrid-plan"
 HYBRID_FORMAT_VERSION = 1
 HYBRID_ARRAYS = {

@@ -154,10 +154,3 @@ def test_megatron_core_unsharded_batch_without_mocks():
         for k in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
             assert torch.equal(getattr(psp, k), getattr(ours, k)), k
         assert psp.max_seqlen_q == ours.max_seqlen_q and psp.qkv_format == ours.qkv_format
-
-
-@pytest.mark.skip(reason="megatron-core GPTModel cannot run a forward on a CPU: its attention's "
-                         "GlobalMemoryBuffer allocates on torch.cuda.current_device() (0.16.1), "
-                         "and its THD attention and RoPE need Transformer Engine (CUDA)")
-def test_megatron_gpt_model_forward():
-    pass
