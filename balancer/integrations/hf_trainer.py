@@ -35,6 +35,8 @@ What the mixin changes, and why:
 * ``resume_from_checkpoint`` resumes at the next planned step of the checkpoint's epoch, found
   from ``global_step`` and the plan (no batch is read to skip, with or without
   ``ignore_data_skip``: both resume the uninterrupted run's sample stream);
+* ``evaluate()`` packs the eval set with a plan of its own and reports ``eval_loss`` as the
+  exact token mean over every eval document (:mod:`balancer.integrations.hf_eval`);
 * at every epoch end it checks that the Trainer consumed every microbatch of the epoch (whole
   steps only when the run stopped early: ``max_steps``, ``should_training_stop``).
 
@@ -51,6 +53,7 @@ import torch
 from ..loader.collate import PackedCollator, PackedDataset
 from .accelerate import prepare_loader
 from .hf import model_inputs
+from .hf_eval import PackedEvalMixin
 
 META = "balancer"
 #: the Trainer's methods the epoch hooks wrap, with the parameters they pass on by name
@@ -102,14 +105,18 @@ def causal_lm_loss(outputs, labels, num_items_in_batch=None):
     return total / torch.as_tensor(n, device=total.device).clamp(min=1)
 
 
-class PackedTrainerMixin:
+class PackedTrainerMixin(PackedEvalMixin):
     """Mix in before ``Trainer`` (or ``SFTTrainer``); see the module docstring.
     ``packed_history`` (list of the consumed microbatches' metadata) is kept when
-    ``keep_history=True``."""
+    ``keep_history=True``; ``packed_eval_sampler`` packs the eval set for ``evaluate()``
+    (default: planned from ``packed_sampler``'s cost and layout, see
+    :mod:`balancer.integrations.hf_eval`)."""
 
     def __init__(self, *args, packed_sampler, packed_collator: Optional[PackedCollator] = None,
-                 tokens_column: str = "input_ids", keep_history: bool = False, **kwargs):
+                 tokens_column: str = "input_ids", keep_history: bool = False,
+                 packed_eval_sampler=None, **kwargs):
         self.packed_sampler = packed_sampler
+        self._packed_eval_init(packed_eval_sampler)
         self.packed_tokens_column = tokens_column
         self.packed_collate = HFPackedCollator(packed_collator)
         self.packed_history = [] if keep_history else None
