@@ -59,10 +59,14 @@ class SampleTable:
 
     @classmethod
     def from_dataset(cls, ds, length_column: str | None = "length",
-                     tokens_column: str | None = None, num_proc: int | None = None) -> "SampleTable":
+                     tokens_column: str | None = None, num_proc: int | None = None, *,
+                     tokenizer=None, text_column: str | None = None) -> "SampleTable":
         """Lengths from a ``datasets.Dataset``: the integer column ``length_column`` read
-        zero-copy from Arrow, or, when only token ids exist, computed with a batched
-        ``map(num_proc=...)`` over ``tokens_column`` (list lengths from the Arrow offsets)."""
+        zero-copy from Arrow; or, when only token ids exist, computed with a batched
+        ``map(num_proc=...)`` over ``tokens_column`` (list lengths from the Arrow offsets); or,
+        with ``tokenizer`` (an object, or a name / local path for
+        ``transformers.AutoTokenizer``), the token counts of ``text_column`` (default
+        ``"text"``) in one ``map(num_proc=...)`` pass (:mod:`balancer.text_lengths`)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -70,12 +74,24 @@ class SampleTable:
             col = ds.data.table.column(length_column) if ds._indices is None else \
                 ds.with_format("arrow")[length_column]
             return cls(_arrow_to_numpy(col))
+        if tokenizer is not None or text_column is not None:
+            if tokens_column is not None:
+                raise ValueError("give tokens_column (token ids to measure) or tokenizer / "
+                                 "text_column (raw text to count), not both")
+            if tokenizer is None:
+                raise ValueError(f"text_column={text_column!r} needs tokenizer= (an object or "
+                                 f"a name / local path) to count its tokens")
+            from .text_lengths import text_lengths
+            return cls(text_lengths(ds, tokenizer, text_column or "text", num_proc=num_proc))
         if tokens_column is None:
             candidates = [c for c in ("input_ids", "tokens", "token_ids") if c in ds.column_names]
             if not candidates:
                 raise ValueError(
                     f"dataset has neither a length column {length_column!r} nor a token column "
-                    f"(columns: {ds.column_names})"
+                    f"(columns: {ds.column_names}); for raw text give tokenizer= and "
+                    f"text_column= (or run python -m balancer lengths --dataset PATH "
+                    f"--tokenizer NAME --text-column COLUMN once), or keep len(input_ids) as a "
+                    f"length column in your tokenization pass"
                 )
             tokens_column = candidates[0]
         if tokens_column not in ds.column_names:

@@ -14,7 +14,7 @@ from .commands import COMMANDS
 
 #: modules that register commands when imported, in --help order (missing ones are skipped)
 COMMAND_MODULES = ("balancer.cli.compare", "balancer.cli.report", "balancer.cli.store",
-                   "balancer.cli.calibrate", "balancer.cli.compile")
+                   "balancer.cli.calibrate", "balancer.cli.compile", "balancer.cli.lengths")
 
 
 def main(argv=None) -> int:
