@@ -8,6 +8,7 @@ import os
 import stat
 import struct
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -43,19 +44,20 @@ MAX_MANIFEST_BYTES = 64 << 20
 _REFUSED = "refused (the plan store reads only regular files inside its directory)"
 
 
-def read_manifest_bytes(plan_dir) -> bytes:
+def read_manifest_bytes(plan_dir, *, dir_fd: Optional[int] = None) -> bytes:
     """The bytes of ``plan_dir/manifest.json``, read by the one path every entry point uses
     (load, inspect, overwrite): opened with O_NOFOLLOW | O_NONBLOCK and checked with fstat
     before a byte is read, so a symbolic link (to /dev/zero, a FIFO, anywhere), a FIFO or a
     device is refused unread instead of blocking or filling memory, and so is a file larger
     than :data:`MAX_MANIFEST_BYTES`. FileNotFoundError when there is none; ValueError naming
-    the file otherwise."""
+    the file otherwise. With ``dir_fd`` (the plan directory held open) it is opened relative
+    to that descriptor, ``plan_dir`` only names it in messages."""
     m = Path(plan_dir) / MANIFEST
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(m, flags)
+        fd = os.open(m if dir_fd is None else MANIFEST, flags, dir_fd=dir_fd)
     except OSError as e:
-        if e.errno == errno.ELOOP or (e.errno != errno.ENOENT and os.path.islink(m)):
+        if e.errno == errno.ELOOP or (e.errno != errno.ENOENT and _is_link(m, dir_fd)):
             raise ValueError(f"{m}: is a symbolic link; {_REFUSED}") from None
         raise
     try:
@@ -75,6 +77,14 @@ def read_manifest_bytes(plan_dir) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def _is_link(m: Path, dir_fd: Optional[int]) -> bool:
+    try:
+        st = os.lstat(m if dir_fd is None else m.name, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return stat.S_ISLNK(st.st_mode)
 
 
 # ---- .npy files with a fixed header ----------------------------------------------------------
@@ -156,6 +166,18 @@ def file_digest(path: Path) -> str:
             if not b:
                 break
             h.update(b)
+    return h.hexdigest()
+
+
+def fd_digest(fd: int) -> str:
+    """:func:`file_digest` of an open file (read with pread: the descriptor's offset is kept)."""
+    h, off = hashlib.sha256(), HEADER_BYTES
+    while True:
+        b = os.pread(fd, _HASH_BLOCK, off)
+        if not b:
+            break
+        h.update(b)
+        off += len(b)
     return h.hexdigest()
 
 

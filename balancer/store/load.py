@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,10 +16,10 @@ from ..config import Layout, PlannerConfig
 from ..planning.plan import Items, Plan, microbatch_step_rank
 from ..zigzag import cp_pad_unit
 from .atomic import _moved_aside, manifest_digest
+from .files import (ARRAYS, FORMAT_NAME, FORMAT_VERSION, HYBRID_FORMAT_NAME, MANIFEST,
+                    MANIFEST_DIGEST_KEY, fd_digest)
+from .snapshot import PlanSnapshot, open_array, read_whole
 from .verified import VerifyMode, stamp_matches, verify_lock, verify_mode, write_stamp
-from .files import (ARRAYS, FORMAT_NAME, FORMAT_VERSION, HEADER_BYTES, HYBRID_FORMAT_NAME,
-                    MANIFEST, MANIFEST_DIGEST_KEY, file_digest, npy_header,
-                    read_manifest_bytes)
 
 
 # ---- loading and checking -----------------------------------------------------------------
@@ -131,15 +130,17 @@ def read_sealed_manifest(path, fmt: str, version: int) -> tuple[dict, Path]:
     """``(manifest, its path)`` of a plan directory whose manifest has format ``fmt`` and
     ``format_version`` ``version`` and an intact seal; a ValueError saying what is wrong
     otherwise (a hybrid DP x CP plan read as a fixed one, or the reverse, is named)."""
-    path = resolve_plan_dir(path)
-    if not path.is_dir():
-        raise ValueError(f"{path}: no plan directory there")
-    m = path / MANIFEST
-    try:
-        raw = read_manifest_bytes(path)   # links, FIFOs, devices refused unopened
-    except FileNotFoundError:
-        raise ValueError(f"{path}: incomplete plan (no {MANIFEST}); was precompute "
-                         f"interrupted?") from None
+    return read_whole(path, lambda snap: sealed_manifest_of(snap, fmt, version),
+                      resolve_plan_dir)
+
+
+def sealed_manifest_of(snap: PlanSnapshot, fmt: str, version: int) -> tuple[dict, Path]:
+    """:func:`read_sealed_manifest` of the plan directory ``snap`` holds open."""
+    m = snap.path / MANIFEST
+    raw = snap.manifest_bytes()   # links, FIFOs, devices refused unopened
+    if raw is None:
+        raise ValueError(f"{snap.path}: incomplete plan (no {MANIFEST}); was precompute "
+                         f"interrupted?")
     try:
         manifest = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -170,7 +171,11 @@ def load_manifest(path) -> dict:
     """The manifest of a plan directory; a clear ValueError when it is missing (an interrupted
     write), unreadable, not a plan of a format this code reads, edited after it was written
     (its seal ``manifest_sha256`` differs), or missing keys / of wrong types."""
-    manifest, m = read_sealed_manifest(path, FORMAT_NAME, FORMAT_VERSION)
+    return read_whole(path, _manifest_of, resolve_plan_dir)
+
+
+def _manifest_of(snap: PlanSnapshot) -> dict:
+    manifest, m = sealed_manifest_of(snap, FORMAT_NAME, FORMAT_VERSION)
     check_manifest_schema(manifest, m)
     return manifest
 
@@ -228,60 +233,40 @@ def _plain_name(name: str) -> bool:
         and "\x00" not in name and not os.path.isabs(name)
 
 
-def _no_link(p: Path, kind: str) -> None:
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise ValueError(f"{p}: the plan's {kind} is a symbolic link; refused (the plan store "
-                         f"reads only regular files inside its directory)")
-
-
-def _epoch_path(path: Path, ent: dict, epoch: int) -> Path:
+def open_epoch_arrays(snap: PlanSnapshot, ent: dict, epoch: int,
+                      dtypes: dict) -> tuple[dict, dict, dict]:
+    """``(arrays, descriptors, paths)`` of every array in ``dtypes`` of the manifest's epoch
+    entry ``ent``, opened in the directory ``snap`` holds: names confined to the plan
+    directory, links and other non-regular files refused, sizes and headers checked."""
     name = ent["dir"]
     if not _plain_name(name):
-        raise ValueError(f"{path / MANIFEST}: epoch {epoch} 'dir' {_short(name)} is not a "
+        raise ValueError(f"{snap.path / MANIFEST}: epoch {epoch} 'dir' {_short(name)} is not a "
                          f"directory name inside the plan directory; refused")
-    d = path / name
-    _no_link(d, f"epoch {epoch} directory")
-    return d
+    dfd = snap.open_dir(name, f"epoch {epoch} directory")
+    arrays, fds, files = {}, {}, {}
+    for k in dtypes:
+        info = ent["arrays"][k]
+        fname = info["file"]
+        if not _plain_name(fname):
+            raise ValueError(f"{snap.path / MANIFEST}: epoch {epoch} array {k!r}: 'file' "
+                             f"{_short(fname)} is not a file name inside the plan directory; "
+                             f"refused")
+        files[k] = snap.path / name / fname
+        fds[k] = snap.open_file(dfd, fname, files[k], f"array {k!r}")
+        arrays[k] = open_array(fds[k], files[k], k, info, dtypes)
+    return arrays, fds, files
 
 
-def _array_path(d: Path, name: str, info: dict, epoch: int) -> Path:
-    fname = info["file"]
-    if not _plain_name(fname):
-        raise ValueError(f"{d.parent / MANIFEST}: epoch {epoch} array {name!r}: 'file' "
-                         f"{_short(fname)} is not a file name inside the plan directory; "
-                         f"refused")
-    f = d / fname
-    _no_link(f, f"array {name!r}")
-    return f
-
-
-def _open_array(f: Path, name: str, info: dict, dtypes: Optional[dict] = None) -> np.ndarray:
-    dtypes = ARRAYS if dtypes is None else dtypes
-    if not f.is_file():
-        raise ValueError(f"{f}: array {name!r} is missing")
-    n = int(info["shape"][0])
-    try:
-        dt = np.dtype(info["dtype"])
-    except TypeError:
-        raise ValueError(f"{f}: manifest dtype {_short(info['dtype'])} of {name!r} is not a "
-                         f"dtype, expected {dtypes[name]}") from None
-    if dt != np.dtype(dtypes[name]):
-        raise ValueError(f"{f}: manifest dtype {dt.str} of {name!r}, expected {dtypes[name]}")
-    size, want = f.stat().st_size, HEADER_BYTES + n * dt.itemsize
-    if size != want:
-        raise ValueError(f"{f}: {size} bytes, expected {want} for {n} x {dt.str} (truncated or "
-                         f"edited)")
-    with open(f, "rb") as fh:
-        head = fh.read(HEADER_BYTES)
-    if head != npy_header(dt.str, n):
-        raise ValueError(f"{f}: header does not describe {n} x {dt.str} as the manifest says")
-    if n == 0:
-        return np.zeros(0, dt)
-    return np.load(f, mmap_mode="r", allow_pickle=False)
+def verify_digests(arrays: dict, fds: dict, files: dict, infos: dict) -> None:
+    """Every array's SHA-256 against the manifest's (arrays hashed in parallel threads)."""
+    names = [k for k in arrays if arrays[k].size]
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
+        digests = dict(zip(names, ex.map(lambda k: fd_digest(fds[k]), names)))
+    empty = hashlib.sha256().hexdigest()
+    for k in arrays:
+        if digests.get(k, empty) != infos[k]["sha256"]:
+            raise ValueError(f"{files[k]}: SHA-256 of {k!r} differs from the manifest (the "
+                             f"array was edited or corrupted)")
 
 
 def load_arrays(path, epoch: int = 0, *, verify: VerifyMode = True,
@@ -294,51 +279,52 @@ def load_arrays(path, epoch: int = 0, *, verify: VerifyMode = True,
     exact files already passed it (see :mod:`balancer.store.verified`): the first process to
     open the epoch verifies, the others wait for it and trust its stamp. ``check_plan=False``
     skips those invariants (not the hashes) and writes no stamp: for diagnosing a broken plan
-    (``report --plan``), never for training from it."""
+    (``report --plan``), never for training from it.
+
+    The manifest and the arrays are read from one generation of the plan directory (see
+    :mod:`balancer.store.snapshot`); a ``manifest`` read earlier must be that generation's
+    (same seal), or a ValueError says the plan was replaced since."""
     verify = verify_mode(verify)
-    path = resolve_plan_dir(path)
-    manifest = manifest if manifest is not None else load_manifest(path)
+    return read_whole(path, lambda snap: _arrays_of(snap, epoch, verify, check_plan,
+                                                    manifest)[0], resolve_plan_dir)
+
+
+def _arrays_of(snap: PlanSnapshot, epoch: int, verify: bool, check_plan: bool,
+               given: Optional[dict] = None) -> tuple[dict, dict, dict]:
+    manifest = _manifest_of(snap)
+    if given is not None and given.get(MANIFEST_DIGEST_KEY) != manifest[MANIFEST_DIGEST_KEY]:
+        raise ValueError(f"{snap.path}: the plan was replaced since the manifest given was read "
+                         f"(its {MANIFEST_DIGEST_KEY} differs from the plan's now); read the "
+                         f"manifest again")
     check_compatible(manifest)
     ent = _epoch_entry(manifest, epoch)
-    d = _epoch_path(path, ent, epoch)
-    infos = ent["arrays"]
-    files = {name: _array_path(d, name, infos[name], epoch) for name in ARRAYS}
-    arrays = {name: _open_array(files[name], name, infos[name]) for name in ARRAYS}
-    seal = manifest[MANIFEST_DIGEST_KEY]
+    arrays, fds, files = open_epoch_arrays(snap, ent, epoch, ARRAYS)
+    out = arrays, manifest, ent
+    # the stamp names the files this snapshot opened (their descriptors), so a stamp of
+    # another generation of the plan never matches them
+    d, seal = snap.path / ent["dir"], manifest[MANIFEST_DIGEST_KEY]
     if verify == "once" and check_plan:
-        if not stamp_matches(d, files, seal):
+        if not stamp_matches(d, fds, seal):
             with verify_lock(d):  # the first reader verifies, the others wait and read its stamp
-                if not stamp_matches(d, files, seal):
-                    _verify(arrays, files, manifest, ent, epoch, check_plan)
-                    write_stamp(d, files, seal)
-                    return arrays
-        _check_structure(arrays, manifest, epoch)
-        _check_against_manifest(arrays, manifest, ent, epoch, full=False)
-        return arrays
-    if verify:
-        _verify(arrays, files, manifest, ent, epoch, check_plan)
+                if not stamp_matches(d, fds, seal):
+                    _verify(arrays, fds, files, manifest, ent, epoch, check_plan)
+                    write_stamp(d, fds, seal)
+                    return out
+    elif verify:
+        _verify(arrays, fds, files, manifest, ent, epoch, check_plan)
         if check_plan:
-            write_stamp(d, files, seal)
-        return arrays
+            write_stamp(d, fds, seal)
+        return out
     _check_structure(arrays, manifest, epoch)
     _check_against_manifest(arrays, manifest, ent, epoch, full=False)
-    return arrays
+    return out
 
 
-def _verify(arrays: dict, files: dict, manifest: dict, ent: dict, epoch: int,
+def _verify(arrays: dict, fds: dict, files: dict, manifest: dict, ent: dict, epoch: int,
             check_plan: bool) -> None:
     """Every array's SHA-256 against the manifest, then the structure and (``check_plan``) the
     O(entries) invariants."""
-    infos = ent["arrays"]
-    names = [k for k in ARRAYS if arrays[k].size]
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
-        digests = dict(zip(names, ex.map(lambda k: file_digest(files[k]), names)))
-    empty = hashlib.sha256().hexdigest()
-    for name in ARRAYS:
-        got = digests.get(name, empty)
-        if got != infos[name]["sha256"]:
-            raise ValueError(f"{files[name]}: SHA-256 of {name!r} differs from "
-                             f"the manifest (the array was edited or corrupted)")
+    verify_digests(arrays, fds, files, ent["arrays"])
     _check_structure(arrays, manifest, epoch)
     _check_against_manifest(arrays, manifest, ent, epoch, full=check_plan)
 
@@ -444,10 +430,9 @@ def load_plan(path, epoch: int = 0, *, verify: VerifyMode = True,
     the plan directory, a size/header/hash mismatch, or arrays that break the manifest's
     invariants (see :func:`load_arrays`; ``verify="once"``: verified by the first process to
     open the epoch, see :mod:`balancer.store.verified`)."""
-    path = resolve_plan_dir(path)
-    manifest = load_manifest(path)
-    a = load_arrays(path, epoch, verify=verify, manifest=manifest, check_plan=check_plan)
-    ent = _epoch_entry(manifest, epoch)
+    verify = verify_mode(verify)
+    a, manifest, ent = read_whole(
+        path, lambda snap: _arrays_of(snap, epoch, verify, check_plan), resolve_plan_dir)
     ds = manifest["dataset"]
     plan = Plan(layout=Layout.model_validate(manifest["layout"]),
                 config=PlannerConfig.model_validate(manifest["config"]),
@@ -466,10 +451,16 @@ def plan_source(path, *, layout=None, dataset_fingerprint: Optional[str] = None,
                 n_samples: Optional[int] = None,
                 verify: VerifyMode = "once") -> Callable[[int], Plan]:
     """``epoch -> Plan`` for ``PackedBatchSampler(plan=...)``: checks the manifest against the
-    running job once, then loads each epoch's plan on demand (``verify="once"``: the first
-    process to open an epoch hashes it, every other rank trusts its stamp; ``True``: every
-    process hashes every array)."""
+    running job, then loads each epoch's plan on demand and checks the manifest it was read
+    with again (an overwrite may have put another job's plan there meanwhile).
+    ``verify="once"``: the first process to open an epoch hashes it, every other rank trusts
+    its stamp; ``True``: every process hashes every array."""
     verify_mode(verify)
-    check_compatible(load_manifest(path), layout=layout, dataset_fingerprint=dataset_fingerprint,
-                     n_samples=n_samples)
-    return lambda epoch: load_plan(path, epoch, verify=verify)[0]
+    job = dict(layout=layout, dataset_fingerprint=dataset_fingerprint, n_samples=n_samples)
+    check_compatible(load_manifest(path), **job)
+
+    def load(epoch: int) -> Plan:
+        plan, manifest = load_plan(path, epoch, verify=verify)
+        check_compatible(manifest, **job)
+        return plan
+    return load

@@ -80,6 +80,7 @@ from .files import (  # noqa: F401 (balancer.store.<name>: one namespace)
     NO_EXCHANGE_ENV,
     _HASH_BLOCK,
     allocate_array,
+    fd_digest,
     file_digest,
     fsync_dir,
     npy_header,
@@ -88,13 +89,9 @@ from .files import (  # noqa: F401 (balancer.store.<name>: one namespace)
 from .load import (  # noqa: F401 (balancer.store.<name>: one namespace)
     _HEX64,
     _Schema,
-    _array_path,
     _check_against_manifest,
     _check_structure,
     _epoch_entry,
-    _epoch_path,
-    _no_link,
-    _open_array,
     _plain_name,
     _short,
     check_compatible,
@@ -102,8 +99,10 @@ from .load import (  # noqa: F401 (balancer.store.<name>: one namespace)
     load_arrays,
     load_manifest,
     load_plan,
+    open_epoch_arrays,
     plan_source,
     resolve_plan_dir)
+from .snapshot import PlanSnapshot, READ_TRIES, read_whole  # noqa: F401 (one namespace)
 
 
 def plan_header(layout: Layout, config: PlannerConfig, cost_model, n_samples: int,

@@ -39,8 +39,8 @@ def verify_mode(verify) -> VerifyMode:
     raise ValueError(f"verify={verify!r}: expected True, False or 'once'")
 
 
-def _identity(f: Path) -> dict:
-    st = os.stat(f)
+def _identity(f) -> dict:
+    st = os.stat(f)   # a path, or the descriptor a reader opened the array with
     return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "ctime_ns": st.st_ctime_ns}
 
@@ -51,7 +51,8 @@ def _expected(files: dict, seal: str) -> dict:
 
 
 def stamp_matches(epoch_dir: Path, files: dict, seal: str) -> bool:
-    """Whether ``epoch_dir`` holds a stamp for exactly these files under this manifest."""
+    """Whether ``epoch_dir`` holds a stamp for exactly these files (name -> path or open
+    descriptor) under this manifest."""
     try:
         with open(epoch_dir / STAMP) as fh:
             doc = json.load(fh)

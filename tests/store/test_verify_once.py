@@ -40,12 +40,12 @@ def saved(setup, tmp_path):
 def hashes(monkeypatch):
     """How many array files were hashed (wraps the store's own digest function)."""
     calls = []
-    real = store_load.file_digest
+    real = store_load.fd_digest   # arrays are hashed through the descriptors a load opened
 
-    def counting(path):
-        calls.append(path.name)
-        return real(path)
-    monkeypatch.setattr(store_load, "file_digest", counting)
+    def counting(fd):
+        calls.append(fd)
+        return real(fd)
+    monkeypatch.setattr(store_load, "fd_digest", counting)
     return calls
 
 

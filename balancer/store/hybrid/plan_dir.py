@@ -26,8 +26,6 @@ computes itself, so training from the store or without it gives the same batches
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -41,10 +39,11 @@ from ...planning.hybrid import default_strategies, hybrid_config, plan_hybrid_ep
 from ...samples import SampleTable
 from ..atomic import PlanDirWriter
 from ..files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
-                     epoch_dirname, file_digest)
+                     epoch_dirname)
 from .check import check_stored_hybrid
-from ..load import (_HEX64, _Schema, _array_path, _epoch_entry, _epoch_path, _open_array,
-                   layout_differences, read_sealed_manifest, resolve_plan_dir)
+from ..load import (_HEX64, _Schema, _epoch_entry, layout_differences, open_epoch_arrays,
+                    resolve_plan_dir, sealed_manifest_of, verify_digests)
+from ..snapshot import PlanSnapshot, read_whole
 
 #: what a plan was made with, besides layout, cost model and dataset (compared on load): the
 #: manifest's keys (stable JSON: ``batch_tokens`` is PlannerConfig's ``global_batch_tokens``,
@@ -142,7 +141,11 @@ def precompute_hybrid(samples: SampleTable, cost: CPCostModel, layout: Layout, o
 def load_hybrid_manifest(path) -> dict:
     """The sealed manifest of a hybrid plan directory, its keys and types checked (errors name
     the key, its value and the type wanted)."""
-    manifest, m = read_sealed_manifest(path, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION)
+    return read_whole(path, _hybrid_manifest_of, resolve_plan_dir)
+
+
+def _hybrid_manifest_of(snap: PlanSnapshot) -> dict:
+    manifest, m = sealed_manifest_of(snap, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION)
     sc = _Schema(m)
     try:
         Layout.model_validate(sc.get(manifest, "layout", "", dict))
@@ -227,21 +230,18 @@ def load_hybrid_plan(path, epoch: int = 0, *, lengths: Optional[np.ndarray] = No
     over its token limit in any round) and, with ``verify``, every array's SHA-256; with
     ``lengths`` (int64[n], the job's samples) also that the items cover every sample's tokens
     exactly once."""
-    path = resolve_plan_dir(path)
-    manifest = load_hybrid_manifest(path)
+    return read_whole(path, lambda snap: _hybrid_plan_of(snap, epoch, lengths, verify),
+                      resolve_plan_dir)
+
+
+def _hybrid_plan_of(snap: PlanSnapshot, epoch: int, lengths, verify: bool):
+    """:func:`load_hybrid_plan` of one generation of the plan directory (the manifest and the
+    arrays read from the directory ``snap`` holds open)."""
+    manifest = _hybrid_manifest_of(snap)
     ent = _epoch_entry(manifest, epoch)
-    d = _epoch_path(path, ent, epoch)
-    infos = ent["arrays"]
-    files = {k: _array_path(d, k, infos[k], epoch) for k in HYBRID_ARRAYS}
-    a = {k: _open_array(files[k], k, infos[k], HYBRID_ARRAYS) for k in HYBRID_ARRAYS}
+    a, fds, files = open_epoch_arrays(snap, ent, epoch, HYBRID_ARRAYS)
     if verify:
-        names = [k for k in HYBRID_ARRAYS if a[k].size]
-        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
-            digests = dict(zip(names, ex.map(lambda k: file_digest(files[k]), names)))
-        for k in names:
-            if digests[k] != infos[k]["sha256"]:
-                raise ValueError(f"{files[k]}: SHA-256 of {k!r} differs from the manifest "
-                                 f"(the array was edited or corrupted)")
+        verify_digests(a, fds, files, ent["arrays"])
     summ = ent["summary"]
     plan = HybridPlan(**a, n_ranks=summ["n_ranks"], rank_capacity=summ["rank_capacity"],
                       documents_cut=summ["documents_cut"])
@@ -257,10 +257,15 @@ def hybrid_plan_source(path, *, layout: Optional[Layout] = None,
     """``epoch -> HybridPlan`` for ``HybridBatchSampler(plan=...)``: checks the manifest
     against the job once (:func:`check_hybrid_compatible`), then loads (and checks) each epoch
     on demand."""
-    check_hybrid_compatible(load_hybrid_manifest(path), layout=layout, cost=cost,
-                            samples=samples, **planned)
+    job = dict(layout=layout, cost=cost, samples=samples, **planned)
+    check_hybrid_compatible(load_hybrid_manifest(path), **job)
     lengths = None if samples is None else samples.lengths
-    return lambda epoch: load_hybrid_plan(path, epoch, lengths=lengths, verify=verify)[0]
+
+    def load(epoch: int) -> HybridPlan:   # checked again: an overwrite may have replaced it
+        plan, manifest = load_hybrid_plan(path, epoch, lengths=lengths, verify=verify)
+        check_hybrid_compatible(manifest, **job)
+        return plan
+    return load
 
 
 __all__ = ["PLANNED_WITH", "check_hybrid_compatible", "hybrid_header", "hybrid_plan_source",
