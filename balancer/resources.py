@@ -10,6 +10,7 @@ package's presets.
 from __future__ import annotations
 
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Optional
@@ -44,7 +45,45 @@ def preset_dirs() -> list[Path]:
     if co is not None and co.resolve() != packaged("configs").resolve():
         out.append(co)  # a configs/ folder that is not the link to the package's presets
     out.append(packaged("configs"))
+    user = user_preset_dir()
+    if user.is_dir() and all(user.resolve() != d.resolve() for d in out):
+        out.append(user)  # last: a fitted preset never shadows a shipped one
     return out
+
+
+def user_preset_dir() -> Path:
+    """Where ``python -m balancer calibrate`` writes fitted presets: ``$BALANCER_CONFIG_DIR``,
+    else ``$XDG_CONFIG_HOME/balancer`` (``~/.config/balancer``); looked up after the shipped
+    presets (:func:`preset_dirs`), never inside the package."""
+    env = os.environ.get(CONFIG_DIR_ENV)
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(xdg) / "balancer"
+
+
+#: a preset name: a plain file stem, never a path (no '/', no leading '.', at most 64 chars)
+PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_preset_name(name: str, flag: str = "--name") -> str:
+    """``name`` when it is a plain preset name (:data:`PRESET_NAME`), else one ValueError line
+    naming it."""
+    if not isinstance(name, str) or not PRESET_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"{flag} {name!r}: not a preset name (1 to 64 letters, digits, '.', "
+                         f"'_', '-', starting with a letter or digit; no path)")
+    return name
+
+
+def shipped_preset(path) -> bool:
+    """Whether ``path`` is (or resolves to) one of the presets shipped in the package."""
+    p = Path(path)
+    try:
+        rp = p.resolve()
+    except OSError:
+        return False
+    root = packaged("configs").resolve()
+    return rp.is_file() and rp.is_relative_to(root)
 
 
 def user_config_dir() -> Path:
@@ -80,4 +119,5 @@ def preset_names(subdir: str, pattern: str = "*.yaml") -> list[str]:
     return sorted(names)
 
 
-__all__ = ["packaged", "preset_dirs", "preset_names", "preset_path", "user_config_dir"]
+__all__ = ["PRESET_NAME", "check_preset_name", "packaged", "preset_dirs", "preset_names",
+           "preset_path", "shipped_preset", "user_config_dir", "user_preset_dir"]

@@ -15,6 +15,8 @@ from balancer.workloads import WORKLOADS_ENV
 # that exercises the override points it at its own tmp_path).
 for _var in (WORKLOADS_ENV, CONFIG_DIR_ENV):
     os.environ.pop(_var, None)
+# fitted presets are looked up in the user's folder ($XDG_CONFIG_HOME/balancer): an empty one
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="balancer-tests-xdg-")
 
 settings.register_profile("ci", max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -35,6 +35,7 @@ import torch
 
 from balancer.cost import calibration as cal_mod  # noqa: E402
 from balancer.cost.model import config_dir  # noqa: E402
+from balancer.resources import check_preset_name  # noqa: E402
 from tools.tiny_lm import add_model_args, model_from_args  # noqa: E402
 
 
@@ -178,7 +179,10 @@ def run(args, timer_cls: type = None) -> dict:
                 *(f"{k}: fit R^2 {cal.quality['fit'][k]['r2']:.4f}, held-out R^2 "
                   f"{hq[k]['r2']:.4f}, held-out median rel. error {hq[k]['rel_error']['median']:.4f}"
                   for k in (*cal_mod.PASSES, "total"))]
-    out = Path(args.out) if args.out else config_dir() / "models" / f"{args.name}.yaml"
+    # a developer's tool: --name regenerates a shipped preset on purpose (the package's configs),
+    # but only a plain name, never a path out of configs/models
+    out = Path(args.out) if args.out else \
+        config_dir() / "models" / f"{check_preset_name(args.name)}.yaml"
     cal_mod.write_preset(cal, out, desc, comments)
     doc = {"preset": str(out), "description": desc,
            "forward": cal.forward.model_dump(), "backward": cal.backward.model_dump(),

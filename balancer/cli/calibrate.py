@@ -13,7 +13,9 @@ import numpy as np
 
 from ..cost.calibration import PASSES, Observations, calibrate, write_preset
 from .commands import command
-from ..cost.model import config_dir
+from ..cost.model import BUILTIN
+from ..resources import (check_preset_name, packaged, preset_path, shipped_preset,
+                         user_preset_dir)
 
 
 def _load(path: str) -> tuple[Observations, Observations | None]:
@@ -54,12 +56,39 @@ def _load(path: str) -> tuple[Observations, Observations | None]:
 def _args(p):
     p.add_argument("--observations", required=True, help="JSON of measured microbatch times")
     p.add_argument("--held-out", default=None, help="JSON of held-out times (evaluated only)")
-    p.add_argument("--name", default="calibrated", help="preset name (configs/models/<name>.yaml)")
-    p.add_argument("--out", default=None, help="preset path (default: configs/models/<name>.yaml)")
+    p.add_argument("--name", default="calibrated",
+                   help="preset name, written to the user's presets (models/<name>.yaml under "
+                        "$BALANCER_CONFIG_DIR or ~/.config/balancer) and loaded by that name; "
+                        "never a shipped preset's")
+    p.add_argument("--out", default=None, help="preset path (default: the user's "
+                                               "models/<name>.yaml, see --name)")
     p.add_argument("--description", default="", help="description stored in the preset")
 
 
+def destination(name: str, out) -> Path:
+    """Where a fitted preset is written: ``out``, or ``<user presets>/models/<name>.yaml``.
+    Refuses a name that is not a plain preset name and any destination that is a shipped
+    preset (a fitted seconds model must never replace, or shadow, the preset of that name)."""
+    if out is None:
+        check_preset_name(name)
+        shipped = packaged("configs") / "models" / f"{name}.yaml"
+        if name in BUILTIN or shipped.is_file():
+            raise ValueError(f"--name {name}: a shipped preset has that name; calibration never "
+                             f"overwrites or shadows one (choose another --name)")
+        path = user_preset_dir() / "models" / f"{name}.yaml"
+        if preset_path(name, "models") not in (None, path):
+            raise ValueError(f"--name {name}: the preset {preset_path(name, 'models')} has that "
+                             f"name and would shadow the fitted one (choose another --name)")
+        return path
+    path = Path(out)
+    if shipped_preset(path):
+        raise ValueError(f"--out {out}: a shipped preset; calibration never overwrites one "
+                         f"(write the fitted model elsewhere)")
+    return path
+
+
 def _run(args) -> int:
+    out = destination(args.name, args.out)   # refused before any fitting
     fit, held = _load(args.observations)
     if args.held_out:
         held = _load(args.held_out)[0]
@@ -72,7 +101,6 @@ def _run(args) -> int:
                     f"{100 * e['median']:.2f}%  p90 {100 * e['p90']:.2f}%  max {100 * e['max']:.2f}%")
             comments.append(line)
             print(line)
-    out = Path(args.out) if args.out else config_dir() / "models" / f"{args.name}.yaml"
     write_preset(cal, out, args.description or f"fitted from {args.observations}", comments)
     for k in PASSES:
         c = getattr(cal, k)

@@ -1,4 +1,4 @@
-"""One generation of a plan directory, read whole (issue #30 item 4).
+"""One generation of a plan directory, read whole.
 
 ``precompute --overwrite`` replaces a plan by exchanging directories, then deletes the old one.
 A reader that opened the manifest by path and the arrays by path later could read the manifest
