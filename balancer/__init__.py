@@ -9,7 +9,7 @@ from .samples import SampleTable
 #: imported by ``import balancer`` or by the loader's collator
 _LAZY = {"epoch_order": "planning.stream", "plan_epoch": "planning.planner",
          "plan_epochs": "planning.planner", "PackedBatchSampler": "loader.sampler",
-         "MicrobatchRef": "loader.sampler", "PackedCollator": "loader.collate",
+         "MicrobatchRef": "loader.refs", "PackedCollator": "loader.collate",
          "PackedDataset": "loader.collate", "FlatTokens": "loader.collate",
          # hybrid DP x CP
          "HybridBatchSampler": "loader.hybrid", "HybridCollator": "loader.hybrid",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from . import args as cli_args
+from ..world import launched_processes
 from ..config import MODE_FIELDS, Layout, PlannerConfig
 
 
@@ -86,7 +86,7 @@ def precompute_hybrid_run(args, job, layout: Layout, config: PlannerConfig, load
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ValueError(f"--cp-mode hybrid does not use {flags} (it plans global batches of --global-batch-tokens, each document "
                          f"at most --max-delay steps from its batch)")
-    if job.workers > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if job.workers > 1 or launched_processes() > 1:
         raise ValueError("--cp-mode hybrid plans on one process (no --workers, no torchrun)")
     hw = cli_args.cp_hardware(args)
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from .commands import command
 from ..config import Layout, PlannerConfig, load_yaml
 from ..cost.model import CostModel, load_cost_model
 from ..samples import SampleTable
+from ..world import World, launched_processes
 from ..frozen import FROZEN
 from ..resources import preset_names, preset_path
 
@@ -188,7 +188,7 @@ def open_dataset(spec: str):
 def _init_distributed() -> tuple[bool, bool]:
     """Join the torchrun job (gloo, env://) when launched with WORLD_SIZE > 1: (distributed,
     whether this call created the group, so the command destroys it again)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if launched_processes() <= 1:
         return False, False
     import torch.distributed as dist
     if dist.is_initialized():
@@ -234,7 +234,7 @@ def _precompute_run(args) -> int:
 
 def _precompute_fixed(args, job, layout, config, cost, dist: bool) -> int:
     from ..store.precompute import precompute
-    rank = int(os.environ.get("RANK", "0")) if dist else 0
+    rank = World.current().rank if dist else 0
     t0 = time.perf_counter()
     samples = load_samples(job, seed=config.seed)
     if rank == 0:

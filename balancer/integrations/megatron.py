@@ -28,16 +28,13 @@ import torch
 
 from ..loader import cp_shard
 from ..loader.collate import IGNORE, FetchedMicrobatch, PackedCollator
+from ..loader.refs import MicrobatchRef
 
 
 
-class _Unsharded(list):
+def _unsharded(ref):
     """The ref with cp = 1 (same samples and metadata), so the collator packs it whole."""
-
-    def __init__(self, ref):
-        super().__init__(ref)
-        self.__dict__.update(getattr(ref, "__dict__", {}))
-        self.cp, self.cp_rank = 1, 0
+    return ref.replace(cp=1, cp_rank=0) if isinstance(ref, MicrobatchRef) else list(ref)
 
 
 def pad_microbatch(batch: dict, cp: int, pad_token_id: int = 0) -> dict:
@@ -85,7 +82,7 @@ class PaddedCollator:
         if not isinstance(fetched, FetchedMicrobatch):
             raise ValueError("PaddedCollator needs batches from PackedDataset")
         cp = self.cp or getattr(fetched.ref, "cp", 1)
-        flat = self._collator(FetchedMicrobatch(_Unsharded(fetched.ref), fetched.docs))
+        flat = self._collator(FetchedMicrobatch(_unsharded(fetched.ref), fetched.docs))
         out = pad_microbatch(flat, cp, self.pad_token_id)
         out["cp"] = cp
         if self.return_tensors == "pt":

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from . import cp_shard
+from .refs import MicrobatchRef, Ref
 from ..cost.model import CostModel
 
 IGNORE = -100
@@ -112,10 +113,10 @@ class PackedDataset(torch.utils.data.Dataset):
     def __getitems__(self, ref) -> FetchedMicrobatch:
         ids = list(ref)
         rows = self._fetch(ids)
-        starts = getattr(ref, "starts", None)
-        if starts is None:  # a plain list of sample ids: whole samples
+        starts = ref.starts if isinstance(ref, Ref) else None
+        if starts is None:  # a plain list of sample ids (or a ref without ranges): whole samples
             return FetchedMicrobatch(ref, rows)
-        planned = getattr(ref, "sample_lengths", None)
+        planned = ref.sample_lengths
         planned = [None] * len(ids) if planned is None else planned.tolist()
         docs = []
         for i, row, s, ln, full in zip(ids, rows, starts.tolist(), ref.lengths.tolist(), planned):
@@ -177,9 +178,6 @@ def pack_documents(docs: list, cp: int = 1, cp_rank: int = 0,
     return out
 
 
-_META = ("epoch", "position", "step", "slot", "step_microbatches", "mb", "step_loss_tokens")
-
-
 class PackedCollator:
     """``collate_fn`` for :class:`PackedDataset` batches (see the module docstring for keys).
 
@@ -202,7 +200,8 @@ class PackedCollator:
             raise ValueError("PackedCollator needs batches from PackedDataset (wrap the dataset: "
                              "DataLoader(PackedDataset(ds), batch_sampler=..., collate_fn=...))")
         ref, docs = fetched.ref, fetched.docs
-        cp, cp_rank = getattr(ref, "cp", 1), getattr(ref, "cp_rank", 0)
+        typed = isinstance(ref, MicrobatchRef)  # else a plain list of sample ids: cp 1, no meta
+        cp, cp_rank = (ref.cp, ref.cp_rank) if typed else (1, 0)
         owner = None
         if cp > 1 and self.cp_balance == "auto":
             lens = np.fromiter((d.shape[0] for d in docs), np.int64, len(docs))
@@ -211,13 +210,13 @@ class PackedCollator:
         out["sample_ids"] = np.asarray(list(ref), np.int64)
         # a copy: the ref's starts are a view of the plan (read-only, a memory map with a plan
         # store), and a tensor over them would let an in-place write change the plan or crash
-        out["sample_starts"] = np.array(getattr(ref, "starts", np.zeros(len(docs), np.int64)),
-                                        np.int64)
-        for k in _META:
-            if hasattr(ref, k):
-                out[k] = getattr(ref, k)
-        if hasattr(ref, "slot"):
-            out["last_in_step"] = ref.slot == ref.step_microbatches - 1
+        starts = ref.starts if typed else None
+        out["sample_starts"] = np.zeros(len(docs), np.int64) if starts is None else \
+            np.array(starts, np.int64)
+        if typed:
+            out.update(ref.batch_meta())
+            if ref.slot is not None:
+                out["last_in_step"] = ref.slot == ref.step_microbatches - 1
         if self.return_tensors == "pt":
             out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                    for k, v in out.items()}

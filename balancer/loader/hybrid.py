@@ -41,28 +41,13 @@ import torch
 from torch.utils.data import Sampler
 
 from .collate import FetchedMicrobatch, pack_documents
-from .sampler import epoch_number, refuse_launched_without_group
+from .cursor import EpochCursor, epoch_number
+from .refs import HybridRef
 from ..config import Layout, PlannerConfig, renamed
 from ..cost.cp import CPCostModel
 from ..planning.hybrid import default_strategies, hybrid_config, plan_hybrid_epoch
 from ..samples import SampleTable
-
-
-class HybridRef(list):
-    """Sample ids of one rank's items in one round (``list[int]``: the ``batch_sampler``
-    contract) plus, as attributes: ``starts``/``lengths``/``sample_lengths`` int64[N] (token
-    range of each item in its sample, planned sample length), ``sharded`` bool[N] (a zigzag
-    shard of the group's document, else whole on this rank), ``group_offset``, ``group_size``,
-    ``group_rank``, ``epoch``, ``step``, ``round``, ``step_rounds``, ``position``,
-    ``step_loss_tokens``."""
-
-    def __init__(self, samples, **meta):
-        super().__init__(samples)
-        self.__dict__.update(meta)
-
-    def __repr__(self):
-        return (f"HybridRef(epoch={self.epoch}, step={self.step}, round={self.round}, group="
-                f"{self.group_offset}+{self.group_size}, samples={list.__repr__(self)})")
+from ..world import World
 
 
 class HybridBatchSampler(Sampler):
@@ -151,7 +136,9 @@ class HybridBatchSampler(Sampler):
         self.cost = cost
         self.batch_tokens = int(config.global_batch_tokens or self.P * layout.microbatches
                                 * layout.rank_capacity)
-        self.epoch = epoch_number(epoch, "HybridBatchSampler(epoch=...)")
+        # where the epoch stands, passes and the read-ahead guard: the loader's one contract
+        self.cursor = EpochCursor(epoch_number(epoch, "HybridBatchSampler(epoch=...)"),
+                                  lambda e: self.plan.n_rounds, "round")
         self._plan = None
         self._plan_epoch = None
         if isinstance(plan, (str, Path)):
@@ -168,19 +155,19 @@ class HybridBatchSampler(Sampler):
     def _process_rank(self) -> int:
         """This process's rank in the pool from the process group (whose size must be the
         pool's), or 0 for a single process; a launched process without a group is refused."""
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            world = dist.get_world_size()
-            if world != self.P:  # ranks past the group would never be served, or not exist
-                raise ValueError(f"process group has {world} ranks but the hybrid pool is dp "
-                                 f"{self.layout.dp} x cp {self.layout.cp} = {self.P}: pass "
-                                 f"rank= (this process's rank in the pool) or fix the layout")
-            return dist.get_rank()
-        refuse_launched_without_group(self.P, "rank=")
-        return 0
+        return World.current().rank_in(
+            self.P, f"the hybrid pool is dp {self.layout.dp} x cp {self.layout.cp}", "rank=")
+
+    @property
+    def epoch(self) -> int:
+        """The selected epoch (:meth:`set_epoch`)."""
+        return self.cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch_number(epoch, "set_epoch")
+        """Select the epoch to iterate: the contract of
+        :meth:`PackedBatchSampler.set_epoch <balancer.loader.sampler.PackedBatchSampler.set_epoch>`
+        (:mod:`balancer.loader.cursor`)."""
+        self.cursor.set_epoch(epoch)
 
     @property
     def plan(self):
@@ -236,24 +223,23 @@ class HybridBatchSampler(Sampler):
                          position=int(rnd), step_loss_tokens=int(self._step_loss[step]))
 
     def __iter__(self):
-        start, self._start = getattr(self, "_start", 0), 0
-        self._position = start
-        for r in range(start, len(self)):
-            self._position = r + 1
-            yield self.ref(r)
-        # a finished epoch resumes at the start of the next one
-        self._position = len(self)
+        """One pass over this rank's rounds of the epoch from where the sampler stands (the
+        pass contract of :class:`~balancer.loader.sampler.PackedBatchSampler`)."""
+        return self.cursor.iterate(self.ref)
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self, after: Optional[dict] = None) -> dict:
-        """Where to resume: the round after the last one handed out, or (``after=batch``, the
-        collated batch the training loop last finished: exact when DataLoader workers read
-        ahead) after that batch. A finished epoch resumes at the next one."""
-        epoch, pos = self.epoch, getattr(self, "_position", 0)
-        if after is not None:
-            epoch, pos = int(after["epoch"]), int(after["position"]) + 1
-        if pos >= len(self) and epoch == self.epoch:
-            epoch, pos = epoch + 1, 0
+        """Where to resume: after the last round handed out, exact for direct iteration,
+        ``num_workers=0`` and a StatefulDataLoader's own ``dl.state_dict()``; with DataLoader
+        workers reading ahead, pass ``after=`` the collated batch the training loop last
+        finished (without it, mid-epoch, it is an error saying so). A finished epoch stays
+        finished until ``set_epoch`` selects the next (the same contract as
+        :meth:`PackedBatchSampler.state_dict <balancer.loader.sampler.PackedBatchSampler.state_dict>`)."""
+        self.plan
+        epoch, pos = self.cursor.state(after)
+        return self._state(epoch, pos)
+
+    def _state(self, epoch: int, pos: int) -> dict:
         return {"version": 1, "epoch": epoch, "position": pos, "seed": self.seed,
                 "strategy": self.strategy, "layout": self.layout.model_dump(),
                 "n_samples": len(self.samples), "dataset": self.samples.fingerprint(),
@@ -265,18 +251,17 @@ class HybridBatchSampler(Sampler):
         if not isinstance(state, dict):
             raise ValueError(f"load_state_dict takes the dict of state_dict(), got "
                              f"{type(state).__name__}")
-        mine = self.state_dict()
+        mine = self._state(self.epoch, 0)
         for k in ("version", "seed", "strategy", "layout", "n_samples", "dataset",
                   "batch_tokens"):
             if state.get(k) != mine[k]:
                 raise ValueError(f"checkpoint {k} {state.get(k)!r} differs from this sampler's "
                                  f"{mine[k]!r}")
-        self.set_epoch(int(state["epoch"]))
-        pos = int(state["position"])
-        if not 0 <= pos <= len(self):
-            raise ValueError(f"checkpoint position {pos} is outside 0..{len(self)} (rounds of "
-                             f"epoch {self.epoch})")
-        self._start = self._position = pos
+        try:
+            epoch, pos = epoch_number(state["epoch"], "load_state_dict"), int(state["position"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint epoch/position unreadable: {e}") from None
+        self.cursor.restore(epoch, pos, lambda: None)
 
 
 class HybridCollator:
@@ -307,8 +292,7 @@ class HybridCollator:
                                       self.pad_token_id) if shard else None
         out["num_loss_tokens"] = sum(p["num_loss_tokens"] for p in (out["whole"], out["shard"])
                                      if p is not None)
-        for k in ("epoch", "step", "round", "step_rounds", "position", "step_loss_tokens"):
-            out[k] = getattr(ref, k)
+        out.update(ref.batch_meta())
         out["last_in_step"] = ref.round == ref.step_rounds - 1
         if self.return_tensors == "pt":
             for k in ("whole", "shard"):

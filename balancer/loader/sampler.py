@@ -21,44 +21,21 @@ ranks of one DP replica receive the same microbatches; the collator cuts the CP 
 """
 from __future__ import annotations
 
-import os
-import sys
 from typing import Callable, Optional, Union
 
 import numpy as np
 from torch.utils.data import Sampler
 
+from .cursor import EpochCursor, epoch_number
+from .refs import MicrobatchRef
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
 from ..planning.plan import Items, Plan
 from ..samples import SampleTable
+from ..world import World
 
 STATE_VERSION = 1
 PlanSource = Union[Plan, Callable[[int], Plan]]
-
-
-class MicrobatchRef(list):
-    """Sample ids of one microbatch (``list[int]``) plus its metadata as attributes:
-
-    * ``starts``/``lengths`` (int64[N]): token range of every document inside its sample;
-    * ``sample_lengths`` (int64[N]): the planned token count of each document's whole sample
-      (the loader refuses a row of another length: the plan would cut or miss tokens);
-    * ``epoch``, ``position`` (index among this rank's microbatches of the epoch), ``step``,
-      ``slot`` (index inside this rank's step), ``step_microbatches`` (this rank's microbatches
-      in the step, equal on every DP rank), ``mb`` (global microbatch id in the plan);
-    * ``loss_tokens``: tokens with a label in this microbatch (each document's length minus 1,
-      whole CP group); ``step_loss_tokens``: the same summed over every DP rank and microbatch
-      of the step (the loss normaliser, from the plan, no collective);
-    * ``cp``, ``cp_rank``, ``dp_rank``.
-    """
-
-    def __init__(self, samples, **meta):
-        super().__init__(samples)
-        self.__dict__.update(meta)
-
-    def __repr__(self):
-        return (f"MicrobatchRef(epoch={self.epoch}, step={self.step}, slot={self.slot}, "
-                f"samples={list.__repr__(self)})")
 
 
 def rank_coordinates(rank: int, layout: Layout, tp: int = 1) -> dict:
@@ -70,32 +47,6 @@ def rank_coordinates(rank: int, layout: Layout, tp: int = 1) -> dict:
     r = rank // tp
     return {"tp_rank": rank % tp, "cp_rank": r % layout.cp,
             "dp_rank": (r // layout.cp) % layout.dp, "pp_rank": r // (layout.cp * layout.dp)}
-
-
-def refuse_launched_without_group(n_ranks: int, rank_args: str) -> None:
-    """A sampler of ``n_ranks > 1`` ranks asked for its rank with no process group: under a
-    launcher (``WORLD_SIZE > 1``) every process would serve rank 0 and the other ranks' samples
-    would never train, so that is an error naming the fix; a single process is rank 0."""
-    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if launched > 1 and n_ranks > 1:
-        raise ValueError(
-            f"WORLD_SIZE={launched} (a launcher started {launched} processes) but "
-            f"torch.distributed is not initialized, so this process's rank is unknown: call "
-            f"torch.distributed.init_process_group() (or create the Accelerator / "
-            f"TrainingArguments) before the sampler, or pass {rank_args}")
-
-
-def epoch_number(epoch, what: str) -> int:
-    """``epoch`` as an int >= 0 (an integral float counts); anything else is an error, never
-    truncated."""
-    try:
-        e = int(epoch)
-        ok = e == epoch and e >= 0 and not isinstance(epoch, (bool, str))
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"{what}({epoch!r}): the epoch must be an integer >= 0")
-    return e
 
 
 class PackedBatchSampler(Sampler):
@@ -154,15 +105,26 @@ class PackedBatchSampler(Sampler):
         self._set_ranks(num_replicas, rank, dp_rank, cp_rank, pp_rank, tp)
         self._carry: dict[int, Optional[Items]] = {0: None}
         self._plan: Optional[Plan] = None
-        self.epoch = epoch_number(epoch, "PackedBatchSampler(epoch=...)")
-        self._position = 0  # microbatches of this epoch handed out (where a checkpoint resumes)
-        self._next = 0  # where the next pass (iteration) starts
-        self._generation = 0  # bumped when set_epoch / load_state_dict move the sampler
-        self._asked: Optional[int] = None  # set_epoch since the last pass or restore
-        self._restored: Optional[tuple] = None  # (epoch, position, n) restored, not yet iterated
-        self._reader: Optional[tuple] = None  # ("plain" | "stateful", workers) iterating now
-        self._ahead = False  # this epoch's microbatches went to workers that read ahead
-        self._lengths: dict[int, int] = {}  # this rank's microbatches of every epoch built
+        # where the epoch stands, passes and the read-ahead guard: the loader's one contract
+        self.cursor = EpochCursor(epoch_number(epoch, "PackedBatchSampler(epoch=...)"),
+                                  self._epoch_length, "microbatch")
+
+    @property
+    def epoch(self) -> int:
+        """The selected epoch (:meth:`set_epoch`)."""
+        return self.cursor.epoch
+
+    @property
+    def _position(self) -> int:  # microbatches of the epoch handed out (kept for integrations)
+        return self.cursor.position
+
+    @_position.setter
+    def _position(self, value: int) -> None:
+        self.cursor.position = self.cursor.next = int(value)
+
+    def _epoch_length(self, epoch: int) -> int:
+        assert epoch == self.cursor.epoch
+        return int(self.plan.step_mbs.sum())
 
     # ---- ranks ----------------------------------------------------------------------------
     def _set_ranks(self, num_replicas, rank, dp_rank, cp_rank, pp_rank, tp):
@@ -176,18 +138,11 @@ class PackedBatchSampler(Sampler):
         elif dp_rank is not None:
             coords = {"dp_rank": dp_rank, "cp_rank": cp_rank or 0, "pp_rank": pp_rank or 0}
         else:
-            import torch.distributed as dist
-            if dist.is_available() and dist.is_initialized():
-                world = dist.get_world_size()
-                expect = tp * lay.cp * lay.dp * lay.pp
-                if world != expect:
-                    raise ValueError(f"process group has {world} ranks but tp={tp} x cp={lay.cp} "
-                                     f"x dp={lay.dp} x pp={lay.pp} = {expect}")
-                coords = rank_coordinates(dist.get_rank(), lay, tp)
-            else:
-                refuse_launched_without_group(lay.dp * lay.cp * lay.pp,
-                                              "dp_rank= (and cp_rank=, pp_rank=) or rank=")
-                coords = {"dp_rank": 0, "cp_rank": 0, "pp_rank": 0}
+            what = f"tp={tp} x cp={lay.cp} x dp={lay.dp} x pp={lay.pp}"
+            rank = World.current().rank_in(tp * lay.cp * lay.dp * lay.pp, what,
+                                           "dp_rank= (and cp_rank=, pp_rank=) or rank=",
+                                           data_ranks=lay.cp * lay.dp * lay.pp)
+            coords = rank_coordinates(rank, lay, tp)
         for name, size in (("dp_rank", lay.dp), ("cp_rank", lay.cp), ("pp_rank", lay.pp)):
             v = coords.get(name, 0)
             if not 0 <= v < size:
@@ -229,7 +184,6 @@ class PackedBatchSampler(Sampler):
         if self._plan is None or self._plan.epoch != self.epoch:
             self._plan = self._build(self.epoch)
             self._index_plan(self._plan)
-            self._lengths[self.epoch] = int(self._plan.step_mbs.sum())
         return self._plan
 
     def _index_plan(self, plan: Plan) -> None:
@@ -282,31 +236,9 @@ class PackedBatchSampler(Sampler):
         After a restore, moving to another epoch before iterating the restored one is an error
         when that epoch is unfinished (its remaining microbatches would be skipped) or when the
         move goes back. A ``set_epoch`` made before a StatefulDataLoader restores the sampler
-        (it does so lazily, at ``iter(loader)``) is applied after the restore."""
-        epoch = epoch_number(epoch, "set_epoch")
-        self._select(epoch)
-        self._asked = epoch
-
-    def _select(self, epoch: int) -> None:
-        if self._restored is not None and epoch != self._restored[0]:
-            e, pos, n = self._restored
-            if pos < n:
-                raise ValueError(
-                    f"set_epoch({epoch}) but the checkpoint restored into this sampler is in "
-                    f"epoch {e} at microbatch {pos} of {n}: call set_epoch({e}) to finish it "
-                    f"first (its {n - pos} remaining microbatches would be skipped); to skip "
-                    f"them on purpose, start epoch {epoch} with a sampler that restored nothing")
-            if epoch < e:
-                raise ValueError(
-                    f"set_epoch({epoch}) but the checkpoint restored into this sampler has "
-                    f"finished epoch {e}: the next epoch is {e + 1} (set_epoch({e}) yields "
-                    f"nothing, then set_epoch({e + 1}))")
-        if epoch != self.epoch:
-            self.epoch, self._position, self._next = epoch, 0, 0
-            self._generation += 1
-            self._ahead, self._restored = False, None
-        else:
-            self._next = self._position
+        (it does so lazily, at ``iter(loader)``) is applied after the restore
+        (:mod:`balancer.loader.cursor`)."""
+        self.cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
         return int(self.plan.step_mbs.sum())
@@ -331,23 +263,7 @@ class PackedBatchSampler(Sampler):
         (see :meth:`set_epoch`). A pass that ran to the end makes the next pass start the epoch
         over (as DistributedSampler does without ``set_epoch``); a pass left unfinished (a
         ``break``, an iterator thrown away) does not move where the next pass starts."""
-        return self._pass(_reader_of(sys._getframe(1)))
-
-    def _pass(self, reader: Optional[tuple]):
-        # runs at the first next(): a StatefulDataLoader creates iterators it never advances
-        gen, start, n = self._generation, self._next, len(self)
-        self._asked = self._restored = None
-        self._reader = reader
-        reads_ahead = reader is not None and reader[1] > 0
-        for pos in range(start, n):
-            if self._generation != gen:
-                return  # set_epoch / load_state_dict moved the sampler: a stale pass ends
-            ref = self.ref(pos)
-            self._position = pos + 1  # state_dict() now means "this one was handed out"
-            self._ahead = reads_ahead  # this pass's read-ahead (workers) or none
-            yield ref
-        if start < n and self._generation == gen:
-            self._next = 0
+        return self.cursor.iterate(self.ref)
 
     # ---- resumption -----------------------------------------------------------------------
     def state_dict(self, after: Optional[dict] = None) -> dict:
@@ -363,13 +279,7 @@ class PackedBatchSampler(Sampler):
         :class:`MicrobatchRef`; its ``epoch``/``position`` locate it); after ``set_epoch(e + 1)``
         the batch that ended epoch ``e`` gives the start of ``e + 1``."""
         plan = self.plan
-        if after is not None:
-            epoch, position = self._after(after)
-        else:
-            if self._ahead and not (self._reader[0] == "stateful"
-                                    and _called_by_torchdata(sys._getframe(1))):
-                raise ValueError(self._read_ahead_message())
-            epoch, position = self.epoch, self._position
+        epoch, position = self.cursor.state(after)
         carry = self._carry.get(epoch)
         return {
             "version": STATE_VERSION, "epoch": epoch, "position": position,
@@ -383,52 +293,6 @@ class PackedBatchSampler(Sampler):
                 "sample": carry.sample.tolist(), "start": carry.start.tolist(),
                 "length": carry.length.tolist()},
         }
-
-    def _read_ahead_message(self) -> str:
-        kind, workers = self._reader
-        done = (f"{self._position} of epoch {self.epoch}'s {len(self)} microbatches handed out, "
-                f"some not yet trained on")
-        if kind == "stateful":
-            return (f"sampler.state_dict() without after=: this sampler feeds a "
-                    f"StatefulDataLoader with {workers} workers, which read ahead of the "
-                    f"training loop ({done}): checkpoint the loader with dl.state_dict() "
-                    f"(exact), or pass the last batch the loop consumed: "
-                    f"sampler.state_dict(after=batch)")
-        return (f"sampler.state_dict() without after=: this sampler feeds a DataLoader with "
-                f"{workers} workers, which read ahead of the training loop ({done}), so the "
-                f"sampler cannot tell which batch the loop consumed last. Pass that batch: "
-                f"sampler.state_dict(after=batch), or use torchdata's StatefulDataLoader and "
-                f"checkpoint with dl.state_dict()")
-
-    def _after(self, after) -> tuple[int, int]:
-        """(epoch, position) to resume at once ``after`` has been trained on."""
-        try:
-            get = after.get if isinstance(after, dict) else (lambda k: getattr(after, k))
-            epoch, pos = int(get("epoch")), int(get("position"))
-        except (AttributeError, KeyError, TypeError, ValueError):
-            raise ValueError(f"after= takes the last batch the training loop consumed (a "
-                             f"PackedCollator batch or a MicrobatchRef, with 'epoch' and "
-                             f"'position'), got {type(after).__name__}") from None
-        if epoch == self.epoch:
-            n = len(self)
-            if not 0 <= pos < n:
-                raise ValueError(f"after= is microbatch {pos} of epoch {epoch}, which has {n} "
-                                 f"on this rank (0..{n - 1})")
-            return epoch, pos + 1
-        if epoch > self.epoch:
-            raise ValueError(f"after= is a batch of epoch {epoch} but the sampler is at epoch "
-                             f"{self.epoch}")
-        n = self._lengths.get(epoch)
-        if n is None:
-            raise ValueError(f"after= is a batch of epoch {epoch}, which this sampler never "
-                             f"iterated, and the sampler is at epoch {self.epoch}")
-        if pos + 1 != n:
-            raise ValueError(
-                f"after= is the batch of epoch {epoch} at position {pos} (of {n}) but the "
-                f"sampler has moved on to epoch {self.epoch}: a checkpoint there would skip the "
-                f"remaining {n - pos - 1} microbatches of epoch {epoch}. Checkpoint before "
-                f"set_epoch({self.epoch}), or pass a batch of epoch {self.epoch}")
-        return self.epoch, 0  # that batch ended the epoch before: nothing of this one trained
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``; refuses a different layout, seed, dataset or plan. The next
@@ -454,46 +318,14 @@ class PackedBatchSampler(Sampler):
             self._carry = {0: None}
             self._carry[epoch] = None if c is None else Items(
                 *(np.asarray(c[k], np.int64) for k in ("sample", "start", "length")))
-        self.epoch, self._plan = epoch, None
-        self._generation += 1
-        self._ahead = False
-        if self.plan_fingerprint != state["plan_fingerprint"]:
-            raise ValueError(f"cannot resume: epoch {epoch}'s plan is {self.plan_fingerprint} here "
-                             f"but {state['plan_fingerprint']} in the checkpoint (different "
-                             f"strategy, cost model, config or data)")
-        position = int(state["position"])
-        n = len(self)
-        if not 0 <= position <= n:
-            raise ValueError(f"cannot resume: position {position} is outside 0..{n}")
-        self._position = self._next = position
-        self._restored = (epoch, position, n)
-        asked, self._asked = self._asked, None
-        if asked is not None:  # set_epoch before a lazy restore (StatefulDataLoader)
-            self._select(asked)
+        self._plan = None
+
+        def same_plan():
+            if self.plan_fingerprint != state["plan_fingerprint"]:
+                raise ValueError(f"cannot resume: epoch {epoch}'s plan is {self.plan_fingerprint} "
+                                 f"here but {state['plan_fingerprint']} in the checkpoint "
+                                 f"(different strategy, cost model, config or data)")
+        self.cursor.restore(epoch, int(state["position"]), same_plan)
 
 
-def _reader_of(frame) -> Optional[tuple]:
-    """``("plain" | "stateful", workers)`` of the DataLoader iterator that called ``iter()`` on
-    the sampler (its ``_reset``/``__init__``, or torchdata's restore), None for anything else."""
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-    for _ in range(3):  # a wrapping batch sampler may stand in between
-        if frame is None:
-            return None
-        it = frame.f_locals.get("self")
-        if isinstance(it, _BaseDataLoaderIter):
-            kind = "stateful" if type(it).__module__.startswith("torchdata") else "plain"
-            return kind, int(getattr(it, "_num_workers", 0))
-        frame = frame.f_back
-    return None
-
-
-def _called_by_torchdata(frame) -> bool:
-    """``state_dict()`` asked for by torchdata's own snapshot (``try_to_serialize``) rather
-    than by the user."""
-    for _ in range(2):
-        if frame is None:
-            return False
-        if frame.f_globals.get("__name__", "").startswith("torchdata."):
-            return True
-        frame = frame.f_back
-    return False
+__all__ = ["MicrobatchRef", "PackedBatchSampler", "epoch_number", "rank_coordinates"]

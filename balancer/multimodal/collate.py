@@ -249,10 +249,10 @@ def exchange(encoder_output, route: StepRoute, group=None):
     """The exchange across processes: ``all_to_all_single`` (autograd-aware, so the gradient of
     every embedding returns to the rank that encoded it). Single process: a local gather."""
     import torch
-    import torch.distributed as dist
+    from ..world import World
     rows = torch.from_numpy(route.send_rows).to(encoder_output.device)
     send = encoder_output.index_select(0, rows)
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+    if not World.current(group).multi:
         return send
     from torch.distributed.nn.functional import all_to_all_single
     out = send.new_empty((int(route.recv_splits.sum()),) + tuple(send.shape[1:]))

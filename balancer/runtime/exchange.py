@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .payload import Columns, Schema
+from ..world import World
 
 ALIGN = 8
 
@@ -90,7 +91,7 @@ def all_to_all(parts: Sequence[Columns], recv_lengths: Sequence[np.ndarray], sch
     rank from the plan; when False the collective is skipped everywhere). Returns (received
     Columns per source rank, stats: bytes this rank sent and received, seconds)."""
     world = len(parts)
-    rank = dist.get_rank(group) if world > 1 else 0
+    rank = World.current(group).rank if world > 1 else 0
     check_schema(schema)
     if device is None:  # where this rank's payload lives (CPU for gloo, CUDA for NCCL)
         mine = list(parts[rank].token.values()) + list(parts[rank].sample.values())

@@ -18,13 +18,14 @@ import numpy as np
 import torch.distributed as dist
 
 from .plan import Offers
+from ..world import World
 
 
 def world_of(group=None) -> tuple[int, int]:
-    """(rank, world size) in ``group``; (0, 1) without a process group."""
-    if not dist.is_available() or not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    """(rank, world size) in ``group``; (0, 1) without a process group
+    (:class:`balancer.world.World`)."""
+    w = World.current(group)
+    return w.rank, w.size
 
 
 def gather_object(obj, group=None) -> list:

@@ -29,7 +29,7 @@ import torch
 from ..loader.collate import FetchedMicrobatch, PackedCollator
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from ..loader.sampler import MicrobatchRef
+from ..loader.refs import MicrobatchRef
 from .exchange import all_to_all
 from .gather import agree, gather_object, gather_offers, world_of
 from .payload import TOKENS, Columns, FieldSpec

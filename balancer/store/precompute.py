@@ -29,6 +29,7 @@ from ..planning.plan import Items, microbatch_step_rank
 from ..planning.planner import plan_window
 from ..planning.stream import EpochWindows  # noqa: F401 (precompute.EpochWindows: the old home)
 from ..samples import SampleTable
+from ..world import World
 
 
 @dataclass
@@ -220,7 +221,8 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
     them into files rank 0 allocated once every rank's sizes are known (``all_gather``); each
     rank hashes a share of the arrays; rank 0 writes the manifest and renames the directory."""
     import torch.distributed as dist
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    w = World.current(group)
+    rank, world = w.rank, w.size
     src = 0 if group is None else dist.get_global_rank(group, 0)
     t_all = time.perf_counter()
     msg = [None, None]
@@ -331,9 +333,7 @@ def _distributed(group):
         import torch.distributed as dist
     except ImportError:
         return None
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist if dist.get_world_size(group) > 1 else None
+    return dist if World.current(group).multi else None
 
 
 def _bar(progress: bool):
