@@ -295,7 +295,7 @@ def epoch_report(plan, cost: CostModel) -> dict:
     if sm is not None:
         for k in ("microbatch_imbalance", "dp_imbalance", "pp_bubble_fraction"):
             out[k] = metrics.summarize(sm[k])
-        out["cp_imbalance"] = metrics.summarize(metrics.cp_imbalance(plan))
+        out["cp_imbalance"] = metrics.summarize(metrics.cp_imbalance(plan, cost))
         out["est_step_time_total"] = float(sm["step_time"].sum())
     return out
 

@@ -67,6 +67,34 @@ def zigzag_pairs(lengths: np.ndarray, cp: int, kind: str, window: Optional[int])
     return out
 
 
+def busiest_share(lengths: np.ndarray, sizes: np.ndarray, weighted) -> np.ndarray:
+    """float64[n, K]: the busiest zigzag rank's share of each document's attention work on
+    each group size, the work being ``sum_k weight_k x pairs_k`` over ``weighted`` ``(kind,
+    window, weight)`` (the layer types of a model, each with its cost per pair). Ranks are
+    visited one at a time, so the scratch is O(n), whatever the group size."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = np.zeros(lengths.shape[0])
+    for kind, window, w in weighted:
+        total += w * doc_pairs(lengths, kind, window)
+    safe = np.where(total > 0, total, 1.0)
+    out = np.ones((lengths.shape[0], sizes.shape[0]))
+    for j, g in enumerate(sizes.tolist()):
+        if g == 1:
+            continue
+        c = -(-lengths // (2 * g))
+        best = np.zeros(lengths.shape[0])
+        for r in range(g):
+            work = np.zeros(lengths.shape[0])
+            for kind, window, w in weighted:
+                for q in (r, 2 * g - 1 - r):
+                    lo = np.minimum(q * c, lengths)
+                    hi = np.minimum((q + 1) * c, lengths)
+                    work += w * (prefix_pairs(hi, kind, window) - prefix_pairs(lo, kind, window))
+            np.maximum(best, work, out=best)
+        out[:, j] = np.where(total > 0, best / safe, 0.0)
+    return out
+
+
 class AttentionTerm(BaseModel):
     """One attention pattern's cost: ``forward`` / ``backward`` per query-key pair of every
     document (all layers of that pattern together)."""
@@ -100,4 +128,5 @@ class AttentionTerm(BaseModel):
         return zigzag_pairs(lengths, cp, self.kind, self.window)
 
 
-__all__ = ["AttentionTerm", "KINDS", "doc_pairs", "prefix_pairs", "zigzag_pairs"]
+__all__ = ["AttentionTerm", "KINDS", "busiest_share", "doc_pairs", "prefix_pairs",
+           "zigzag_pairs"]

@@ -30,6 +30,8 @@ from typing import Optional, Sequence
 import numpy as np
 import yaml
 
+from .attention import AttentionTerm, doc_pairs
+from .blocks import microbatch_costs
 from .model import CostModel, PassCost
 
 PASSES = ("forward", "backward")
@@ -209,6 +211,79 @@ def calibrate(fit: Observations, held_out: Optional[Observations] = None,
     return cal
 
 
+# ---- per layer type (issue #25) -------------------------------------------------------------
+
+def layered_features(doc_lengths, offsets, kinds) -> np.ndarray:
+    """float64[M, K + 3]: per microbatch, the query-key pairs of its documents under each of
+    the ``K`` attention patterns ``kinds`` (``(kind, window)``, balancer.cost.attention), then
+    ``sum L``, 1 and the number of documents: the columns of a model with one attention term
+    per layer type (no ``a L^2`` column: a full term's pairs carry it)."""
+    base = features(doc_lengths, offsets)  # validates the CSR
+    lens = np.asarray(doc_lengths, dtype=np.int64)
+    starts = np.asarray(offsets, dtype=np.int64)[:-1]
+    cols = [np.add.reduceat(doc_pairs(lens, k, w), starts) for k, w in kinds]
+    return np.column_stack(cols + [base[:, 1], base[:, 2], base[:, 3]])
+
+
+def calibrate_layered(fit: Observations, template: CostModel,
+                      held_out: Optional[Observations] = None, relative: bool = True,
+                      name: str = "calibrated") -> tuple[CostModel, dict]:
+    """Per-layer-type coefficients from measured times: for the attention patterns of
+    ``template`` (a model from a Hugging Face config: its ``attention`` terms), one
+    non-negative least-squares fit per pass of a cost per pair of each pattern, a cost per
+    token, per microbatch and per document. Returns the fitted seconds-unit model and its
+    quality (``"fit"``, ``"held_out"``: R^2 and relative errors per pass and in total)."""
+    kinds = [(t.kind, t.window) for t in template.attention]
+    if not kinds:
+        raise ValueError(f"cost model {template.name!r} has no attention terms per layer type; "
+                         f"give a model from a Hugging Face config (or use calibrate())")
+    x = layered_features(fit.doc_lengths, fit.offsets, kinds)
+    if fit.n < x.shape[1]:
+        raise ValueError(f"need at least {x.shape[1]} microbatches to fit {x.shape[1]} "
+                         f"coefficients, got {fit.n}")
+    coef = {}
+    for k in PASSES:
+        y = fit.seconds[k]
+        bad = ~np.isfinite(y) | (y <= 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"microbatch {i}: measured {k} time {y[i]!r} is not a positive "
+                             f"number")
+        w = 1.0 / y if relative else np.ones_like(y)
+        xw, yw = x * w[:, None], y * w
+        scale = np.linalg.norm(xw, axis=0)
+        scale[scale == 0] = 1.0
+        coef[k] = nnls3(xw / scale, yw) / scale
+    nk = len(kinds)
+    terms = tuple(AttentionTerm(kind=kd, window=wd, forward=float(coef["forward"][i]),
+                                backward=float(coef["backward"][i]),
+                                layers=template.attention[i].layers)
+                  for i, (kd, wd) in enumerate(kinds))
+    passes = {k: PassCost(b=float(coef[k][nk]), c=float(coef[k][nk + 1]),
+                          d=float(coef[k][nk + 2])) for k in PASSES}
+    model = CostModel(name=name, unit="seconds", forward=passes["forward"],
+                      backward=passes["backward"], attention=terms)
+    quality = {"fit": _evaluate_model(model, fit)}
+    if held_out is not None:
+        quality["held_out"] = _evaluate_model(model, held_out)
+    return model, quality
+
+
+def _evaluate_model(model: CostModel, obs: Observations) -> dict:
+    """:meth:`Calibration.evaluate` for any cost model (its per-microbatch predictions)."""
+    f, b = microbatch_costs(model, obs.doc_lengths, obs.offsets)
+    out = {}
+    for k, p in (("forward", f), ("backward", b)):
+        err = relative_errors(p, obs.seconds[k])
+        out[k] = {"r2": r_squared(p, obs.seconds[k]), "rel_error": error_summary(err),
+                  "errors": err.tolist()}
+    tot_y = obs.seconds["forward"] + obs.seconds["backward"]
+    err = relative_errors(f + b, tot_y)
+    out["total"] = {"r2": r_squared(f + b, tot_y), "rel_error": error_summary(err),
+                    "errors": err.tolist()}
+    return out
+
+
 # ---- presets ------------------------------------------------------------------------------
 
 def preset_yaml(cal: Calibration, description: str = "", comments: Sequence[str] = ()) -> str:
@@ -232,6 +307,25 @@ def write_preset(cal: Calibration, path, description: str = "",
     path.write_text(preset_yaml(cal, description, comments))
     back = CostModel.from_yaml(path)
     if back.forward != cal.forward or back.backward != cal.backward:
+        raise ValueError(f"{path}: preset does not load back to the fitted coefficients")
+    return path
+
+
+def write_layered_preset(model: CostModel, path, description: str = "",
+                         comments: Sequence[str] = ()) -> Path:
+    """Write a per-layer-type fit (:func:`calibrate_layered`) as a seconds-unit preset
+    (``forward``/``backward`` plus ``attention:`` terms) and check it loads back equal."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"description": description or "calibrated per layer type from measured times",
+           "unit": "seconds",
+           "forward": {k: float(getattr(model.forward, k)) for k in "abcd"},
+           "backward": {k: float(getattr(model.backward, k)) for k in "abcd"},
+           "attention": [t.model_dump(mode="json", exclude_none=True) for t in model.attention]}
+    path.write_text("".join(f"# {c}\n" for c in comments) + yaml.safe_dump(doc, sort_keys=False))
+    back = CostModel.from_yaml(path)
+    if back.forward != model.forward or back.backward != model.backward \
+            or back.attention != model.attention:
         raise ValueError(f"{path}: preset does not load back to the fitted coefficients")
     return path
 
@@ -266,6 +360,7 @@ def sample_shapes(n: int, capacity: int, rng: np.random.Generator, max_docs: int
     return out
 
 
-__all__ = ["Calibration", "Observations", "calibrate", "error_summary", "features", "fit_pass",
-           "nnls3", "predict", "preset_yaml", "r_squared", "relative_errors", "sample_shapes",
-           "to_csr", "write_preset"]
+__all__ = ["Calibration", "Observations", "calibrate", "calibrate_layered", "error_summary",
+           "features", "fit_pass", "layered_features", "nnls3", "predict", "preset_yaml",
+           "r_squared", "relative_errors", "sample_shapes", "to_csr", "write_layered_preset",
+           "write_preset"]

@@ -33,14 +33,19 @@ exchanges K/V of ``layers / pp`` layers.
 """
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import NamedTuple, Optional
 
 import numpy as np
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, Field, ValidationError, field_validator, model_serializer,
+                      model_validator)
 
 from packing.validate import MAX_LENGTH, as_sizes
 
 from .. import resources
+from .attention import busiest_share
+from .hf_config import arch_from_config, read_config
 from .model import (BUILTIN, CostModel, ModelSpec, _part, load_cost_model, one_line,
                     preset_path, read_yaml)
 from ..frozen import FROZEN, FROZEN_FINITE
@@ -119,9 +124,51 @@ class CPHardware(BaseModel):
 
 
 def cp_presets() -> list[str]:
-    """The cost presets the CP cost model can use: those with a ``model:`` mapping."""
+    """The cost presets the CP cost model can use: those with a ``model:`` mapping or an
+    ``hf_config:``."""
     return sorted(n for n in resources.preset_names("models")
-                  if "model" in read_yaml(preset_path(n, "models"), "cost preset"))
+                  if {"model", "hf_config"} & set(read_yaml(preset_path(n, "models"),
+                                                            "cost preset")))
+
+
+class KVLayers(BaseModel):
+    """The K/V a CP group exchanges for the softmax-attention layers of one pattern (issue
+    #25): a window or chunk limits it to the keys a rank's chunks can see."""
+
+    model_config = _FROZEN
+    kind: str = Field(description="full, sliding or chunked (balancer.cost.attention)")
+    window: Optional[int] = Field(None, gt=0, le=MAX_LENGTH,
+                                  description="window / chunk tokens (sliding, chunked)")
+    layers: int = Field(gt=0, le=2 ** 24, description="layers of this pattern, whole model")
+    values: float = Field(gt=0, description="K and V values per token per layer")
+
+    def tokens(self, padded: np.ndarray, g: int) -> np.ndarray:
+        """Tokens of K/V one rank receives per layer: the other ranks' share of the document
+        (full causal), at most ``2 (window - 1)`` (the keys before its two chunks) under a
+        window or chunk."""
+        other = (g - 1) / g * padded
+        if self.kind == "full":
+            return other
+        return np.minimum(other, 2.0 * (self.window - 1))
+
+
+def _hf_cp_parts(cfg: dict, where: str):
+    """``(ModelSpec, kv_layers)`` of a Hugging Face config: the spec gives the layers (pp,
+    latency), the K/V layers the exchange."""
+    arch = arch_from_config(cfg, where)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    heads = int(text["num_attention_heads"])
+    hd = text.get("head_dim") or arch.hidden // heads
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = ModelSpec(hidden=arch.hidden, layers=arch.layers, heads=heads,
+                         kv_heads=None, head_dim=int(hd), vocab=arch.vocab,
+                         ffn=int(text.get("intermediate_size") or 1))
+    kv = tuple(KVLayers(kind=k, window=w, layers=arch.layer_counts[(k, w)],
+                        values=v / arch.layer_counts[(k, w)])
+               for (k, w), v in sorted(arch.kv_values.items(),
+                                       key=lambda kv_: (kv_[0][0], kv_[0][1] or 0)))
+    return spec, kv
 
 
 class CPCostTable(NamedTuple):
@@ -162,6 +209,18 @@ class CPCostModel(BaseModel):
     rank_capacity: int = Field(gt=0, le=MAX_LENGTH,
                                description="tokens one rank holds in one round (memory)")
     pp: int = Field(1, ge=1, le=MAX_POOL, description="pipeline stages (a stage is 1/pp)")
+    kv_layers: tuple[KVLayers, ...] = Field(
+        (), description="K/V exchanged per attention pattern (a model from a Hugging Face "
+                        "config); empty: every layer full attention with the spec's K/V heads")
+
+    @model_serializer(mode="wrap")
+    def _omit_no_kv_layers(self, handler):
+        # without K/V layers the model serializes as before they existed (stored hybrid plans
+        # compare their manifest's model with the job's)
+        out = handler(self)
+        if not self.kv_layers and isinstance(out, dict):
+            out.pop("kv_layers", None)
+        return out
 
     @model_validator(mode="after")
     def _needs_seconds(self):
@@ -180,6 +239,10 @@ class CPCostModel(BaseModel):
                     pp: int = 1) -> "CPCostModel":
         """A model preset with a ``model:`` mapping (``configs/models``): its cost model and
         its ModelSpec."""
+        if Path(str(name)).suffix == ".json":  # a Hugging Face config.json
+            spec, kv = _hf_cp_parts(read_config(name), str(name))
+            return cls(cost=load_cost_model(name), spec=spec, hardware=hardware or CPHardware(),
+                       rank_capacity=rank_capacity, pp=pp, kv_layers=kv)
         path = preset_path(name, "models")
         if path is None and name in BUILTIN:
             raise ValueError(f"cost model {name!r} is a built-in formula without a 'model:' "
@@ -189,6 +252,13 @@ class CPCostModel(BaseModel):
             raise ValueError(f"unknown cost model {name!r}: not a YAML file and not one of "
                              f"{cp_presets()} (the presets with a 'model:' mapping)")
         doc = read_yaml(path, "cost preset")
+        if "hf_config" in doc:
+            cfg = doc["hf_config"]
+            if isinstance(cfg, str):
+                cfg = read_config(Path(path).parent / cfg)
+            spec, kv = _hf_cp_parts(cfg, f"{path}: hf_config")
+            return cls(cost=load_cost_model(name), spec=spec, hardware=hardware or CPHardware(),
+                       rank_capacity=rank_capacity, pp=pp, kv_layers=kv)
         if "model" not in doc:
             raise ValueError(f"{path}: the CP cost model needs a preset with a 'model:' "
                              f"mapping (layers, heads, kv_heads, ...) for the K/V bytes")
@@ -209,7 +279,10 @@ class CPCostModel(BaseModel):
 
     def kv_bytes_per_token(self) -> float:
         """Bytes of K and V of one token over the stage's layers:
-        ``2 * kv_heads * head_dim * kv_bytes * layers``."""
+        ``2 * kv_heads * head_dim * kv_bytes * layers`` (with ``kv_layers``: their values)."""
+        if self.kv_layers:
+            return sum(k.values * k.layers for k in self.kv_layers) / self.pp \
+                * self.hardware.kv_bytes
         kv = self.spec.kv_heads or self.spec.heads
         return 2.0 * kv * self.spec.hd * self.hardware.kv_bytes * self.layers
 
@@ -224,6 +297,33 @@ class CPCostModel(BaseModel):
         """Longest document that fits a group of ``group`` ranks (CP padding included)."""
         cap = self.rank_capacity
         return cap if group == 1 else group * (cap - cap % 2)
+
+    def _shares(self, lengths: np.ndarray, sizes: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """float64[n, K]: the busiest zigzag rank's share of each document's attention: of its
+        causal pairs, or, for a model with attention terms, of the attention work summed over
+        its layer types (a window moves and lightens the busiest rank)."""
+        c = self.cost
+        if not c.attention:
+            return _max_shares(lengths, sizes, pairs)
+        rc = c.recompute
+        a = 2.0 * (c.forward.a + c.backward.a + (c.forward.a if rc else 0.0))
+        weighted = [("full", None, a)] if a > 0 else []
+        weighted += [(t.kind, t.window, t.forward + t.backward + (t.forward if rc else 0.0))
+                     for t in c.attention]
+        return busiest_share(lengths, sizes, weighted)
+
+    def _exchange_bytes(self, lengths: np.ndarray, padded: np.ndarray, g: int) -> np.ndarray:
+        """Bytes of K/V one rank receives in one forward pass of a document on ``g`` ranks:
+        the other ranks' tokens x K/V bytes per token, or per attention pattern with
+        ``kv_layers`` (a window limits the keys a rank needs; linear-attention layers send
+        none)."""
+        if not self.kv_layers:
+            return (g - 1) / g * padded * self.kv_bytes_per_token()
+        out = np.zeros(lengths.shape[0])
+        for k in self.kv_layers:
+            out += k.tokens(padded, g) * (k.values * k.layers / self.pp
+                                          * self.hardware.kv_bytes)
+        return out
 
     def _to_seconds(self, x: np.ndarray) -> np.ndarray:
         s = self.cost.seconds(x)
@@ -262,7 +362,7 @@ class CPCostModel(BaseModel):
         expo = np.zeros((n, k))
         tok = np.empty((n, k), dtype=np.int64)
         work = att_f + att_b + lin + per_doc
-        shares = _max_shares(lengths, sizes, pairs)
+        shares = self._shares(lengths, sizes, pairs)
         for j, g in enumerate(sizes.tolist()):
             if g == 1:
                 comp[:, 0] = work
@@ -276,7 +376,11 @@ class CPCostModel(BaseModel):
             inside = g <= hw.gpus_per_node
             bw = hw.intra_node_bandwidth if inside else hw.inter_node_bandwidth
             lat = hw.intra_node_latency if inside else hw.inter_node_latency
-            t_f = (g - 1) / g * padded * kvb / bw + lat * (g - 1) * self.layers
+            if self.kv_layers:
+                t_f = self._exchange_bytes(lengths, padded, g) / bw \
+                    + lat * (g - 1) * self.layers
+            else:
+                t_f = (g - 1) / g * padded * kvb / bw + lat * (g - 1) * self.layers
             t_b = hw.backward_exchange * t_f + (t_f if c.recompute else 0.0)
             expo[:, j] = _exposed(t_f, a_f, hw.overlap) + _exposed(t_b, a_b, hw.overlap)
         return comp, expo, tok, work
@@ -300,7 +404,7 @@ class CPCostModel(BaseModel):
         kvb = self.kv_bytes_per_token()
         lf = lengths.astype(np.float64)
         pairs = lf * (lf + 1) / 2
-        shares = _max_shares(lengths, sizes, pairs)
+        shares = self._shares(lengths, sizes, pairs)
         for j, g in enumerate(sizes.tolist()):
             if g == 1:
                 continue
@@ -310,7 +414,8 @@ class CPCostModel(BaseModel):
             bw = hw.intra_node_bandwidth if inside else hw.inter_node_bandwidth
             lat[j] = (hw.intra_node_latency if inside else hw.inter_node_latency) * (g - 1) \
                 * self.layers
-            out[0][:, j] = (g - 1) / g * padded * kvb / bw
+            out[0][:, j] = (self._exchange_bytes(lengths, padded, g) / bw if self.kv_layers
+                            else (g - 1) / g * padded * kvb / bw)
             out[1][:, j] = att_f * share
             out[2][:, j] = att_b * share
         return ExchangeParts(out[0], out[1], out[2], lat)
@@ -347,4 +452,4 @@ def _exposed(t: np.ndarray, attn: np.ndarray, overlap: float) -> np.ndarray:
     return (1.0 - overlap) * t + np.maximum(0.0, overlap * t - attn)
 
 
-__all__ = ["CPCostModel", "CPCostTable", "CPHardware", "ExchangeParts", "MAX_POOL"]
+__all__ = ["CPCostModel", "CPCostTable", "CPHardware", "ExchangeParts", "KVLayers", "MAX_POOL"]

@@ -411,6 +411,8 @@ def config_dir() -> Path:
 
 
 BUILTIN = {"quadratic-64k": lambda: CostModel.quadratic(65536)}
+#: FLOP/s of a cost model loaded from a Hugging Face config.json (the presets' assumption)
+JSON_FLOPS_PER_SECOND = 4.0e14
 
 
 def available_presets() -> list[str]:
@@ -434,7 +436,10 @@ def load_cost_model(name_or_path: str) -> CostModel:
         if not p.is_file():
             raise ValueError(f"model config {str(p)!r}: no such file")
         name = p.parent.name if p.stem == "config" and p.parent.name else p.stem
-        return cost_model_from_config(read_config(p), name=name or "hf-config", where=str(p))
+        # a config.json says nothing of the hardware: the shipped presets' 400 TFLOP/s per GPU
+        # (~40% MFU on an H100-class GPU) turns FLOPs into the seconds reports and CP need
+        return cost_model_from_config(read_config(p), name=name or "hf-config", where=str(p),
+                                      flops_per_second=JSON_FLOPS_PER_SECOND)
     path = preset_path(name_or_path, "models")
     if path is None:
         raise ValueError(f"unknown cost model {name_or_path!r}: not a YAML file, not a "

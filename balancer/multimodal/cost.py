@@ -20,6 +20,7 @@ Presets are YAML files in ``configs/multimodal/`` (kept apart from ``configs/mod
 text-only loader never reads them)::
 
     llm: {model: {...}, recompute: false, device_bytes: ..., flops_per_second: ...}
+    # or llm: {hf_config: {...config.json...} | file.json, recompute: ..., ...}
     multimodal:
       rules: {vision: {patch_size: 14, spatial_merge: 2, ...}, audio: {...}}
       vision: {encoder: {hidden, layers, heads, ffn, in_dim, ...}, projector: {...}}
@@ -34,7 +35,9 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
-from ..cost.model import MAX_DIM, CostModel, ModelSpec, one_line, preset_path, read_yaml
+from ..cost.hf_config import read_config
+from ..cost.model import (MAX_DIM, CostModel, ModelSpec, cost_model_from_config, one_line,
+                          preset_path, read_yaml)
 from ..resources import preset_names
 from .table import AUDIO, MediaRules, MultimodalTable
 from ..frozen import FROZEN_FINITE
@@ -195,7 +198,15 @@ class MMCostModel(BaseModel):
         if not isinstance(doc.get("llm") or {}, dict):
             raise ValueError(f"llm: expected a mapping, got {type(doc['llm']).__name__}")
         llm = dict(doc.get("llm") or {})
-        if "model" in llm:
+        if "hf_config" in llm:  # the LLM from a Hugging Face config (mapping or JSON file)
+            cfg = llm.pop("hf_config")
+            if isinstance(cfg, str):
+                cfg = read_config(Path(path).parent / cfg)
+            llm.pop("description", None)
+            llm.pop("source", None)
+            llm_cost = cost_model_from_config(cfg, name=f"{name}-llm", where="llm.hf_config",
+                                              **llm)
+        elif "model" in llm:
             spec = ModelSpec(**llm.pop("model"))
             llm.pop("description", None)
             llm_cost = CostModel.from_model(spec, name=f"{name}-llm", **llm)

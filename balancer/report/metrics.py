@@ -52,15 +52,32 @@ def check_coverage(plan: Plan, lengths: np.ndarray) -> dict:
             "samples_left_over": int(left.sum())}
 
 
-def cp_imbalance(plan: Plan) -> np.ndarray:
-    """max / mean of per-CP-rank attention work for every microbatch (float64[M])."""
+def cp_imbalance(plan: Plan, cost: CostModel | None = None) -> np.ndarray:
+    """max / mean of per-CP-rank attention work for every microbatch (float64[M]): causal
+    query-key pairs, or, when ``cost`` has attention terms per layer type (a model from a
+    Hugging Face config), the attention cost of each rank's zigzag shards summed over its
+    layer types (a sliding window changes which rank is busiest)."""
     cp = plan.layout.cp
     if cp == 1 or plan.n_microbatches == 0:
         return np.ones(plan.n_microbatches)
-    work = zigzag_attention(plan.entry_length, cp)
+    if cost is not None and getattr(cost, "attention", ()):
+        work = _layered_shard_attention(plan.entry_length, cp, cost)
+    else:
+        work = zigzag_attention(plan.entry_length, cp)
     per_mb = np.add.reduceat(work, plan.mb_offsets[:-1], axis=0)
     mean = per_mb.mean(axis=1)
     return np.where(mean > 0, per_mb.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+
+
+def _layered_shard_attention(lengths: np.ndarray, cp: int, cost: CostModel) -> np.ndarray:
+    """float64[n, cp]: attention cost (forward + backward, recompute included) of every zigzag
+    shard, over the cost model's ``a L^2`` part and its attention terms."""
+    f, b = cost.forward, cost.backward
+    rc = cost.recompute
+    work = 2.0 * (f.a + b.a + (f.a if rc else 0.0)) * zigzag_attention(lengths, cp)
+    for t in cost.attention:
+        work += (t.forward + t.backward + (t.forward if rc else 0.0)) * t.shard_pairs(lengths, cp)
+    return work
 
 
 def step_metrics(plan: Plan, cost: CostModel) -> dict:
@@ -123,7 +140,7 @@ def plan_summary(plan: Plan, cost: CostModel, lengths: np.ndarray) -> dict:
         "packing_efficiency": eff,
         "microbatch_imbalance": summarize(sm["microbatch_imbalance"]),
         "dp_imbalance": summarize(sm["dp_imbalance"]),
-        "cp_imbalance": summarize(cp_imbalance(plan)),
+        "cp_imbalance": summarize(cp_imbalance(plan, cost)),
         "pp_bubble_fraction": summarize(sm["pp_bubble_fraction"]),
         "lower_bound_ratio": summarize(sm["lower_bound_ratio"]),
         "outlier_delay_steps": {

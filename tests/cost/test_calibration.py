@@ -206,3 +206,42 @@ def test_cli_fits_a_preset_from_observations(tmp_path, capsys):
         for f in "abcd":
             assert rel(getattr(getattr(m, k), f), getattr(TRUE[k], f)) < 1e-8
     assert "held_out total" in capsys.readouterr().out.replace("  ", " ").replace("  ", " ")
+
+
+def test_calibrate_tool_fits_per_layer_type(tmp_path):
+    """--layer-types: one coefficient per attention pattern of the given model (here a
+    config.json with full attention: the deterministic clock's a sum L^2 becomes 2a per causal
+    pair and b - a per token, exactly)."""
+    from tools import calibrate
+    true = {"forward": (2e-9, 3e-6, 1e-4, 5e-6), "backward": (5e-9, 6e-6, 2e-4, 1e-5)}
+
+    class ShapeClock(calibrate.PassTimer):
+        def __call__(self, x):
+            super().__call__(x)
+            lens = np.diff(x["cu_seqlens"].numpy()).astype(np.float64)
+            out = []
+            for k in cal.PASSES:
+                a, b, c, d = true[k]
+                out.append(a * (lens ** 2).sum() + b * lens.sum() + c + d * len(lens))
+            return tuple(out)
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "num_key_value_heads": 2,
+                               "intermediate_size": 32, "vocab_size": 32}))
+    out = tmp_path / "tiny.yaml"
+    args = calibrate.parse_args([
+        "--module", "tools.tiny_lm:TinyLM",
+        "--module-kwargs", '{"vocab": 32, "dim": 16, "layers": 1, "heads": 2}', "--vocab", "32",
+        "--capacity", "256", "--fit-shapes", "12", "--held-out-shapes", "4", "--repeats", "1",
+        "--out", str(out), "--layer-types", str(cfg)])
+    doc = calibrate.run(args, timer_cls=ShapeClock)
+    m = load_cost_model(str(out))
+    (t,) = m.attention
+    assert t.kind == "full" and m.forward.a == 0.0
+    for k in cal.PASSES:
+        a, b, c, d = true[k]
+        assert rel(getattr(t, k), 2 * a) < 1e-6
+        pc = getattr(m, k)
+        assert rel(pc.b, b - a) < 1e-6 and rel(pc.c, c) < 1e-6 and rel(pc.d, d) < 1e-6
+    assert "attention full" in calibrate.format_quality(doc)
