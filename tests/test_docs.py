@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED = PAGES + sorted((ROOT / "benchmarks").glob("*.md")) + sorted(
     p for p in ROOT.glob("*/**/README.md") if ".venv" not in p.parts)
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*\S.*-->\s*$")
-FENCE = re.compile(r"^```\s*([\w+-]*)")
+FENCE = re.compile(r"^\s*```\s*([\w+-]*)")  # indented too (a block in a list item)
 
 
 def _rel(p: Path) -> str:
@@ -46,12 +47,13 @@ def blocks(path: Path) -> list[tuple[str, int, str, str | None]]:
             i += 1
             continue
         j = i + 1
-        while j < len(lines) and not lines[j].startswith("```"):
+        while j < len(lines) and not lines[j].lstrip().startswith("```"):
             j += 1
-        above = lines[i - 1] if i else ""
+        above = lines[i - 1].strip() if i else ""
         reason = above.split("not run:", 1)[1].rstrip("->").strip() if NOT_RUN.match(above) \
             else None
-        out.append((m.group(1).lower(), i + 1, "\n".join(lines[i + 1:j]), reason))
+        out.append((m.group(1).lower(), i + 1, textwrap.dedent("\n".join(lines[i + 1:j])),
+                    reason))
         i = j + 1
     return out
 
@@ -152,8 +154,8 @@ def _commands(page: Path) -> list[tuple[int, str]]:
 
 def _prose(page: Path) -> str:
     """The page with its fenced blocks blanked (line numbers kept)."""
-    return re.sub(r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), page.read_text(),
-                  flags=re.S | re.M)
+    return re.sub(r"^[ \t]*```.*?^[ \t]*```", lambda m: "\n" * m.group(0).count("\n"),
+                  page.read_text(), flags=re.S | re.M)
 
 
 def _spans(page: Path) -> list[tuple[int, str]]:
