@@ -4,8 +4,9 @@ layouts) and the real length distributions.
 Both ship inside the package (``balancer/data/``, found with :mod:`importlib.resources`), so a
 wheel installed anywhere finds them. ``configs/`` at the repository root is a symbolic link to
 ``balancer/data/configs``: one source of presets, so a preset edited or calibrated in a checkout
-is the one the wheel ships. Lookup order for a preset name: ``$BALANCER_CONFIG_DIR``, then the
-package's presets.
+is the one the wheel ships (``tools/calibrate.py --name X`` writes there in a checkout). Lookup
+order for a preset name: ``$BALANCER_CONFIG_DIR``, the package's presets, then the user's folder
+of fitted presets (:func:`user_preset_dir`, where ``python -m balancer calibrate`` writes).
 """
 from __future__ import annotations
 
