@@ -12,14 +12,14 @@ from pydantic import BaseModel, Field, model_serializer, model_validator
 from packing.validate import MAX_LENGTH, MAX_STEP_TOKENS
 
 from .zigzag import cp_pad_unit
-from .frozen import FROZEN
+from .frozen import FROZEN, NoBoolNumbers
 
 _FROZEN = FROZEN  # balancer.frozen: the one model_config
 #: bound of the counts (ranks, microbatches, steps of delay): values feed int64 arithmetic
 MAX_COUNT = 2 ** 20
 
 
-class Layout(BaseModel):
+class Layout(NoBoolNumbers):
     """How one training step is spread over GPUs."""
 
     model_config = _FROZEN
@@ -89,7 +89,7 @@ class Layout(BaseModel):
         return out
 
 
-class PlannerConfig(BaseModel):
+class PlannerConfig(NoBoolNumbers):
     """Policy of the step planner."""
 
     model_config = _FROZEN
@@ -316,7 +316,9 @@ def load_yaml(path, what: str = "config file") -> dict:
     line and column where known); ``what`` names the kind of file in the last message."""
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            doc = yaml.load(f, Loader=_PlainLoader)   # safe_load, without anchors/duplicates
+    except _Refused as e:
+        raise ValueError(f"{path}: {e.problem}{_yaml_mark(e)}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") \
             from None
@@ -331,6 +333,37 @@ def load_yaml(path, what: str = "config file") -> dict:
         raise ValueError(f"{path}: a {what} must be a mapping at the top level, got "
                          f"{type(doc).__name__}")
     return doc
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """What plain YAML configs may not hold (see :class:`_PlainLoader`)."""
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses anchors and aliases before composing anything (an alias
+    bomb expands nothing: a config never needs them) and duplicate keys in a mapping (the last
+    value silently won)."""
+
+    def compose_node(self, parent, index):
+        ev = self.peek_event()
+        if isinstance(ev, yaml.AliasEvent) or getattr(ev, "anchor", None) is not None:
+            name = ev.anchor
+            raise _Refused(problem=f"anchors and aliases (&{name} / *{name}) are not read in a "
+                                   f"config; write the values out", problem_mark=ev.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:   # an unhashable key: construct_mapping names it
+                continue
+            if first is not key_node.start_mark:
+                raise _Refused(problem=f"duplicate key {key!r} (first given on line "
+                                       f"{first.line + 1})", problem_mark=key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def _yaml_mark(e) -> str:

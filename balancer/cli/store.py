@@ -28,11 +28,11 @@ from ..config import Layout, PlannerConfig, load_yaml
 from ..cost.model import CostModel, load_cost_model
 from ..samples import SampleTable
 from ..world import World, launched_processes
-from ..frozen import FROZEN
+from ..frozen import FROZEN, NoBoolNumbers
 from ..resources import preset_names, preset_path
 
 
-class PrecomputeJob(BaseModel):
+class PrecomputeJob(NoBoolNumbers):
     """What precompute reads and writes, besides the layout and the planner config."""
 
     model_config = FROZEN
@@ -107,12 +107,15 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
     for given_path in args.config:
         path = config_file(given_path)
         doc = load_yaml(path)
-        flat = {}
+        flat, where = {}, {}
         for k, v in doc.items():
-            if k in _SECTIONS and isinstance(v, dict):
-                flat.update(v)
-            else:
-                flat[k] = v
+            part = v.items() if k in _SECTIONS and isinstance(v, dict) else [(k, v)]
+            here = f"under {k}:" if k in _SECTIONS and isinstance(v, dict) else "at the top level"
+            for kk, vv in part:
+                if kk in where:   # one file gives one value per key; the last never wins
+                    raise ValueError(f"{path}: key {kk!r} is given {where[kk]} and {here}; "
+                                     f"give it once")
+                flat[kk], where[kk] = vv, here
         for k in flat:
             if k not in _JOB | _LAYOUT | _PLANNER:
                 raise ValueError(f"{path}: unknown key {k!r} (known: "
@@ -132,7 +135,11 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
         raise ValueError("give --lengths FILE.npy|NAME or --dataset PATH (or either in --config)")
     if not values.get("out"):
         raise ValueError("give --out PLAN_DIR (or out: in --config)")
-    job = PrecomputeJob(**{k: v for k, v in values.items() if k in _JOB})
+    from pydantic import ValidationError
+    try:
+        job = PrecomputeJob(**{k: v for k, v in values.items() if k in _JOB})
+    except ValidationError as e:
+        raise ValueError(cli_args.flag_errors(e)) from None
     cost = load_cost_model(job.cost_model)
     lay = {k: v for k, v in values.items() if k in _LAYOUT and v is not None}
     if "capacity" not in lay:

@@ -29,7 +29,7 @@ from .. import resources
 from .attention import AttentionTerm
 from .hf_config import cost_fields, read_config
 from ..zigzag import padded_lengths, zigzag_attention
-from ..frozen import FROZEN_FINITE
+from ..frozen import FROZEN_FINITE, NoBoolNumbers
 
 #: every float of a cost model must be finite (no inf / NaN: they would reach the planner's sums
 #: and the manifest as ``Infinity``)
@@ -58,7 +58,7 @@ def one_line(e: ValidationError, names: Optional[dict] = None) -> str:
     return "; ".join(parts)
 
 
-class PassCost(BaseModel):
+class PassCost(NoBoolNumbers):
     """Coefficients of one pass: ``a * L^2 + b * L + d`` per document plus ``c`` per
     microbatch."""
 
@@ -175,6 +175,17 @@ class CostModel(BaseModel):
         (), description="attention per layer type, per query-key pair (full causal, sliding "
                         "window, chunked local), added to the `a L^2` term: what a model with "
                         "mixed attention layers costs (balancer.cost.attention)")
+
+    @model_validator(mode="after")
+    def _not_all_zero(self):
+        # every document would cost 0: imbalance is 0/0 (NaN) and every strategy looks equal
+        coef = [getattr(p, k) for p in (self.forward, self.backward) for k in "abcd"]
+        coef += [x for t in self.attention for x in (t.forward, t.backward)]
+        if not any(coef):
+            raise ValueError("every coefficient of the cost model is 0 (forward and backward "
+                             "a, b, c, d and the attention terms): every microbatch would cost "
+                             "0; give at least one positive coefficient")
+        return self
 
     @model_serializer(mode="wrap")
     def _omit_no_terms(self, handler):
