@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import args as cli_args
 from .commands import command
+from .progress import stages
 from .. import workloads
 from ..planning.warmup import warmup
 from ..report.compare import compare, format_table
@@ -18,8 +19,13 @@ def _compare_run(args) -> int:
     names = cli_args.parse_strategies(args.strategies)
     cost, layout, config = cli_args.build(args)
     lengths = workloads.load(args.lengths, n=args.samples, seed=args.seed)
-    warmup(["fixed"])
-    res, _ = compare(SampleTable(lengths), cost, layout, config, names)
+    bar = stages(len(names) + 1, "compare")
+    try:
+        bar("compile kernels")
+        warmup(["fixed"])
+        res, _ = compare(SampleTable(lengths), cost, layout, config, names, progress=bar)
+    finally:
+        bar.close()
     print(format_table(res))
     return 0
 

@@ -12,6 +12,7 @@ from . import args as cli_args
 from .args import read_lengths as _read_lengths
 from .. import workloads
 from .commands import command
+from .progress import stages
 from ..cost.model import CostModel, load_cost_model
 from ..planning.planner import Plan
 from ..report.build import add_speedups, analyze, build_report, cost_block, format_summary, \
@@ -117,11 +118,18 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
                              "--microbatches N (per rank per step), with --pp and --cp where "
                              "they apply; e.g. --dp 8 --pp 4 --cp 2 --microbatches 4")
         cost, layout, config = cli_args.build(_with_cost_default(args))
-    if names:
-        warmup(["fixed"])
-    report, details = build_report(lengths, cost, layout, config, names, workload=wname,
-                                   plans=plans)
-    return _finish(report, details, lengths, cost, out, plots, quiet, t0)
+    bar = stages(len(names) + len(plans or {}) + 2, "report", quiet=quiet)
+    try:
+        if names:
+            bar("compile kernels")
+            warmup(["fixed"])
+        report, details = build_report(lengths, cost, layout, config, names, workload=wname,
+                                       plans=plans, progress=bar)
+        bar("write report" + (" and plots" if plots else ""))
+        files = _write(report, details, lengths, cost, out, plots, t0)
+    finally:
+        bar.close()
+    return _finish(report, details, lengths, cost, out, plots, quiet, t0, files)
 
 
 def _with_layout_default(args):
@@ -139,8 +147,13 @@ def _with_cost_default(args):
     return ns
 
 
-def _finish(report, details, lengths, cost, out, plots, quiet, t0) -> dict:
-    files = write_report(report, details, out, lengths, cost, plots=plots, t0=t0)
+def _write(report, details, lengths, cost, out, plots, t0) -> dict:
+    return write_report(report, details, out, lengths, cost, plots=plots, t0=t0)
+
+
+def _finish(report, details, lengths, cost, out, plots, quiet, t0, files=None) -> dict:
+    if files is None:
+        files = _write(report, details, lengths, cost, out, plots, t0)
     if not quiet:
         print(format_summary(report))
         print(f"\nreport written to {Path(out)}/: " + ", ".join(Path(p).name for p in files.values())

@@ -80,8 +80,9 @@ def _precompute_args(p: argparse.ArgumentParser) -> None:
                        **_flag_type(f.annotation))
     g.add_argument("--overwrite", action="store_true", help="replace an existing plan directory")
     cli_args.add_cp_args(p)   # --cp-mode hybrid writes a hybrid DP x CP plan
-    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="tqdm progress bar (on rank 0)")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="tqdm progress bar on stderr, on rank 0 (default: when stderr is a "
+                        "terminal)")
     # only flags actually given reach the namespace, so config files fill the rest
     for a in p._actions:
         if a.dest not in ("help", "config", "overwrite", "progress"):
@@ -255,7 +256,8 @@ def _precompute_fixed(args, job, layout, config, cost, dist: bool) -> int:
               "no effect (set --window-samples; the plan depends on it)", file=sys.stderr)
     extra = {"source": job.model_dump(mode="json", exclude={"out", "workers"})}
     out = precompute(samples, cost, layout, config, job.out, epochs=job.epochs,
-                     workers=job.workers, progress=args.progress, overwrite=args.overwrite,
+                     workers=job.workers, overwrite=args.overwrite,
+                     progress=sys.stderr.isatty() if args.progress is None else args.progress,
                      extra=extra)
     if rank == 0:
         m = store.load_manifest(out)

@@ -161,9 +161,11 @@ def cost_block(cost: CostModel) -> dict:
 
 def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: PlannerConfig,
                  names: list[str], *, workload: str | None = None,
-                 plans: dict[str, Plan] | None = None) -> tuple[dict, dict]:
+                 plans: dict[str, Plan] | None = None,
+                 progress=None) -> tuple[dict, dict]:
     """Plan ``lengths`` with every strategy in ``names`` (after any given ``plans``, reported
-    as they are) and analyse each. Returns ``(report dict, plot details by strategy)``."""
+    as they are) and analyse each. Returns ``(report dict, plot details by strategy)``.
+    ``progress(label)``, when given, is called as each strategy starts."""
     samples = SampleTable(lengths)
     report = {"workload": workload_block(samples.lengths, cost, workload),
               "layout": layout_block(layout), **cost_block(cost),
@@ -171,10 +173,14 @@ def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: P
     details = {}
     items = list((plans or {}).items())
     for name, plan in items:
+        if progress is not None:
+            progress(f"analyse {name}")
         report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths)
     for name in names:
         if name in report["strategies"]:
             continue
+        if progress is not None:
+            progress(f"plan {name}")
         plan = plan_epoch(samples, cost, layout, config.model_copy(update={"strategy": name}))
         t0 = time.perf_counter()
         report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths)

@@ -12,14 +12,18 @@ from ..samples import SampleTable
 
 
 def compare(samples: SampleTable, cost: CostModel, layout: Layout, config: PlannerConfig,
-            strategies_: list[str], *, repeats: int = 1) -> tuple[dict, dict[str, Plan]]:
-    """Plan with every strategy (best of ``repeats`` timings) and summarise each plan."""
+            strategies_: list[str], *, repeats: int = 1,
+            progress=None) -> tuple[dict, dict[str, Plan]]:
+    """Plan with every strategy (best of ``repeats`` timings) and summarise each plan;
+    ``progress(label)``, when given, is called as each strategy starts."""
     out = {"workload": {"samples": len(samples), "tokens": samples.total_tokens},
            "layout": {"dp": layout.dp, "pp": layout.pp, "cp": layout.cp,
                       "microbatches": layout.microbatches, "capacity": layout.capacity},
            "cost_model": cost.name, "strategies": {}}
     plans = {}
     for s in strategies_:
+        if progress is not None:
+            progress(f"plan {s}")
         cfg = config.model_copy(update={"strategy": s})
         best = None
         for _ in range(repeats):

@@ -187,6 +187,7 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
                 parts = pool.imap(_plan_in_worker, range(nw))
             else:
                 parts = (plan_part(ew, cost, i) for i in range(nw))
+            tick = _Ticker(bar) if nw == 1 else None  # one window: show the time it takes
             try:
                 for part in parts:
                     for name, (off, a) in part_slices(part, tot, layout.dp, cost).items():
@@ -195,6 +196,8 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
                     if bar is not None:
                         bar.update(1)
             finally:
+                if tick is not None:
+                    tick.stop()
                 if pool is not None:
                     pool.terminate()
                     pool.join()
@@ -248,10 +251,15 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
                 bar.total = (bar.total or 0) + len(mine)
                 bar.set_description(f"epoch {epoch} (rank 0 of {world})")
             parts = []
-            for i in mine:
-                parts.append(plan_part(ew, cost, i))
-                if bar is not None:
-                    bar.update(1)
+            tick = _Ticker(bar) if len(mine) == 1 else None
+            try:
+                for i in mine:
+                    parts.append(plan_part(ew, cost, i))
+                    if bar is not None:
+                        bar.update(1)
+            finally:
+                if tick is not None:
+                    tick.stop()
             own_last = len(mine) and mine[-1] == nw - 1
             mine_info = {"counts": [p.counts for p in parts],
                          "leftover": parts[-1].leftover if own_last else None}
@@ -342,3 +350,25 @@ def _bar(progress: bool):
     from tqdm import tqdm
     tqdm.monitor_interval = 0  # no monitor thread: the pool forks
     return tqdm(total=0, unit="window", dynamic_ncols=True)
+
+
+class _Ticker:
+    """Refresh ``bar`` every second while one long window is planned, so its elapsed time moves
+    (the bar would otherwise sit at 0/1 until the epoch is done). Only where no pool forks."""
+
+    def __init__(self, bar, every_s: float = 1.0):
+        import threading
+        self.bar, self.done = bar, threading.Event()
+        self.thread = None
+        if bar is not None:
+            self.thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+            self.thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self.done.wait(every_s):
+            self.bar.refresh()
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
