@@ -39,6 +39,10 @@ without one, skipped again on resume), the samples carried into the step (token 
 step counter, the microbatches of the step already handed out, and the counters. Loading it on
 every rank and iterating re-reads the step, re-plans it identically and skips what was handed
 out. All ranks must resume from the same step (checked: a mismatch raises on every rank).
+The state records the rank and world size it was taken on: loading it on another rank or in a
+job of another size is refused (on every rank, at the first step), as is a state whose values
+cannot be a stream's (a negative count, an unknown phase, a microbatch past its step): one
+ValueError naming the checkpoint and the key, never a bare KeyError.
 """
 from __future__ import annotations
 
@@ -53,8 +57,13 @@ from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
 from .runtime_balancer import LOCAL_ERRORS, RuntimeBalancer
 from .payload import TOKENS, Columns
+from ..world import World
 
 STATE_VERSION = 1
+CHECKPOINT = "StreamingPackedDataset checkpoint"
+#: keys of a state and what each must be
+_COUNTS = ("epoch", "step", "position", "next_local", "active", "mb", "rank")
+_PHASES = ("read", "flush", "done")
 _MAX_IDS = 10_000  # ids kept per counter (the counts are exact)
 
 
@@ -89,6 +98,7 @@ class StreamingPackedDataset(IterableDataset):
         self.epoch = 0
         self._start = self._fresh()
         self._mb = 0
+        self._owner: Optional[tuple] = None  # (rank, world size) of a loaded state, unchecked
         self.last_step: dict = {}  # the last step's counters, bytes and seconds
         self.last_plan = None  # the last step's StepPlan (equal on every rank)
 
@@ -109,13 +119,17 @@ class StreamingPackedDataset(IterableDataset):
         st = copy.deepcopy({k: v for k, v in self._start.items() if k not in ("held", "peek")})
         st["held"], st["peek"] = self._start["held"], self._start.get("peek")  # never modified
         st["mb"] = self._mb
+        w = World.current(self.group)  # whose stream this is: checked when loaded
+        st["rank"], st["world_size"] = w.rank, w.size
         return st
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"stream state version {state.get('version')!r} is not {STATE_VERSION}")
+        """Resume at ``state`` (checked here for what it holds, and at the first step for the
+        rank and world size it was taken on)."""
+        check_state(state)
         state = dict(state)
         self._mb = int(state.pop("mb"))
+        self._owner = (int(state.pop("rank")), int(state.pop("world_size")))
         self._start = state
         self.epoch = int(state["epoch"])
 
@@ -186,6 +200,14 @@ class StreamingPackedDataset(IterableDataset):
                               max_carry=self.max_carry, over_length=self.over_length,
                               cp_rank=self.cp_rank)
         lay = self.layout
+        owner, self._owner = self._owner, None
+        world = World.current(self.group).size
+        if owner is not None and owner != (bal.rank, world):
+            bal.fail(ValueError(  # every rank raises, none waits in the step's collective
+                f"{CHECKPOINT}: taken on rank {owner[0]} of a world size {owner[1]} but this "
+                f"process is rank {bal.rank} and this job's world size is {world}: each rank "
+                f"loads the state its own rank saved, in a job of the same size (another rank's "
+                f"stream would train its samples again and lose this one's)"))
         while True:
             st = self._start
             if st["phase"] == "done":
@@ -287,6 +309,10 @@ class StreamingPackedDataset(IterableDataset):
             self.last_step = {k: v for k, v in res.stats.items() if k != "headers"}
             self.last_plan = plan
             mbs, skip = res.microbatches, self._mb
+            if skip and skip >= len(mbs):  # a corrupted state: replaying the step would loop
+                bal.fail(ValueError(
+                    f"{CHECKPOINT}: mb {skip} but step {st['step']} has {len(mbs)} microbatches "
+                    f"on rank {bal.rank} (a corrupted state, or one of another run)"))
             if not mbs:
                 self._start, self._mb = pending, 0
                 continue
@@ -298,3 +324,44 @@ class StreamingPackedDataset(IterableDataset):
                 else:
                     self._mb = j + 1
                 yield mb
+
+
+def check_state(state) -> None:
+    """A ValueError naming the checkpoint and the key when ``state`` cannot be a stream state of
+    :meth:`StreamingPackedDataset.state_dict` (missing keys, negative counts, an unknown
+    phase, another version)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{CHECKPOINT}: load_state_dict takes the dict of state_dict(), got "
+                         f"{type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"{CHECKPOINT}: version {state.get('version')!r} is not {STATE_VERSION}")
+    need = _COUNTS + ("world_size", "source", "held", "exhausted", "phase", "counters")
+    missing = [k for k in need if k not in state]
+    if missing:
+        raise ValueError(f"{CHECKPOINT}: no {', '.join(map(repr, missing))} (a corrupted state, "
+                         f"or not a StreamingPackedDataset's)")
+
+    def count(key, value, low=0):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{CHECKPOINT}: {key} {value!r} must be an integer >= {low}")
+    for k in _COUNTS:
+        count(k, state[k])
+    count("world_size", state["world_size"], 1)
+    if state["phase"] not in _PHASES:
+        raise ValueError(f"{CHECKPOINT}: phase {state['phase']!r} is not one of {_PHASES}")
+    src = state["source"]
+    if not isinstance(src, dict):
+        raise ValueError(f"{CHECKPOINT}: source {type(src).__name__} is not the source's state")
+    if "consumed" in src:
+        count("source consumed", src["consumed"])
+    if not isinstance(state["counters"], dict):
+        raise ValueError(f"{CHECKPOINT}: counters {type(state['counters']).__name__} is not a "
+                         f"dict")
+    held = state["held"]
+    if held is not None:
+        keys = ("ids", "ages", "lengths", "tokens")
+        if not isinstance(held, dict) or any(k not in held for k in keys):
+            raise ValueError(f"{CHECKPOINT}: held must be None or a dict of {keys}")
+        if not len(held["ids"]) == len(held["ages"]) == len(held["lengths"]):
+            raise ValueError(f"{CHECKPOINT}: held has {len(held['ids'])} ids, "
+                             f"{len(held['ages'])} ages and {len(held['lengths'])} lengths")
