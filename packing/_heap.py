@@ -3,6 +3,8 @@
 Ties on the key are broken by the id, so every heap operation is deterministic."""
 from __future__ import annotations
 
+import numpy as np
+
 from ._jit import kernel
 
 
@@ -41,8 +43,8 @@ def heap_push(keys, ids, size, key, ident):
 def heap_pop(keys, ids, size):
     """Remove the smallest entry (left at index ``size - 1``); returns the new size."""
     last = size - 1
-    _swap(keys, ids, 0, last)
-    i = 0
+    _swap(keys, ids, np.int64(0), last)
+    i = np.int64(0)
     while True:
         left = 2 * i + 1
         if left >= last:

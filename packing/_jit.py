@@ -66,8 +66,11 @@ if not CACHE_ENABLED:  # pragma: no cover - exercised by a subprocess test
 
 
 def kernel(fn):
-    """``numba.njit`` with disk caching when possible; one compiled specialisation per kernel is
-    expected because public wrappers convert every argument to a fixed dtype first."""
+    """``numba.njit`` with disk caching when possible. One compiled signature per kernel
+    (tests/packing/test_signatures.py): public wrappers convert every argument to the one dtype
+    its kernel takes (int64, float64, bool, named tuples of those), and kernels call each other
+    with typed scalars (``np.int64(0)``, ``np.bool_(True)``), since a Python literal argument
+    compiles a ``Literal[int](0)`` specialisation of the callee beside the int64 one."""
     if not CACHE_ENABLED:
         return numba.njit(cache=False, nogil=True)(fn)
     # numba picks a kernel's cache location when it is decorated; point it at our directory for

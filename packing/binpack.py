@@ -200,13 +200,13 @@ def _bfd(sizes, capacity, bin_of):
         else:
             b = head[r]
             head[r] = nxt[b]
-            _tree_add(tree, p, r, -1)
+            _tree_add(tree, p, r, np.int64(-1))
             r_new = r - s
         bin_of[i] = b
         if r_new > 0:
             nxt[b] = head[r_new]
             head[r_new] = b
-            _tree_add(tree, p, r_new, 1)
+            _tree_add(tree, p, r_new, np.int64(1))
     return n_bins
 
 

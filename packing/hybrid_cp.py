@@ -76,6 +76,7 @@ import numpy as np
 
 from ._jit import kernel
 from .hybrid_candidate import _plan_kernel
+from .hybrid_groups import Placement, batch
 from .hybrid_shelf import _shelf_cost_kernel
 from .validate import MAX_LENGTH
 #: most ranks in one pool
@@ -200,28 +201,29 @@ def plan_batch(time, tokens, rank_capacity: int, n_ranks: int, *, candidates: in
         area = time[np.arange(n), kk] * (1 << kk)
         oa = np.argsort(-area, kind="stable").astype(np.int64)
         ob = np.argsort(-time[:, 0], kind="stable").astype(np.int64)
-        nr, _, _ = _plan_kernel(time, tokens, np.int64(cap), np.int64(P), np.int64(lo),
-                                np.int64(hi), bool(whole), np.int64(fk), np.int64(candidates),
-                                np.int64(local_search), oa, ob, d_round, d_off, d_k, d_owner)
+        nr, _, _ = _plan_kernel(batch(time, tokens, cap, P, lo, hi, whole, fk),
+                                np.int64(candidates), np.int64(local_search), oa, ob,
+                                Placement(d_round, d_off, d_k, d_owner))
     return assemble(d_round, d_off, d_k, d_owner, int(nr), P, cap, fixed=fk,
                     doc_ids=doc_ids, lengths=lengths)
 
 
 @kernel
-def _assemble_kernel(d_round, d_off, d_k, d_owner, nr, P, fixed_k, round_groups, group_offset,
-                     group_size, group_entries, entry_item, entry_owner):
-    """CSR of a plan from per-item (round, offset, size exponent, owner) into preallocated
-    arrays (groups <= nr * P); returns the group count."""
+def _assemble_kernel(pl, nr, P, fixed_k, round_groups, group_offset, group_size, group_entries,
+                     entry_item, entry_owner):
+    """CSR of a plan from per-item (round, offset, size exponent, owner: :class:`Placement`)
+    into preallocated arrays (groups <= nr * P); returns the group count."""
+    d_round, d_off, d_k, d_owner = pl.d_round, pl.d_off, pl.d_k, pl.d_owner
     n = d_round.shape[0]
     start = np.full(nr * P, -1, dtype=np.int64)
     for d in range(n):
         start[d_round[d] * P + d_off[d]] = d_k[d]
     bs = 1 << fixed_k if fixed_k >= 0 else 1
     gidx = np.full(nr * P, -1, dtype=np.int64)
-    G = 0
+    G = np.int64(0)
     for r in range(nr):
         round_groups[r] = G
-        p = 0
+        p = np.int64(0)
         while p < P:
             k = start[r * P + p]
             size = bs if k < 0 else 1 << k
@@ -269,8 +271,8 @@ def shelf_cost(time, tokens, rank_capacity: int, n_ranks: int, docs, density: fl
     if docs.shape[0] == 0:
         return 0.0
     K = time.shape[1]
-    return float(_shelf_cost_kernel(time, tokens, np.int64(cap), np.int64(P), docs, np.int64(1),
-                                    np.int64(K - 1), float(density)))
+    return float(_shelf_cost_kernel(batch(time, tokens, cap, P, 1, K - 1, True, -1), docs,
+                                    np.float64(density)))
 
 
 def assemble(d_round, d_off, d_k, d_owner, n_rounds, n_ranks, rank_capacity, *, fixed=-1,
@@ -287,11 +289,8 @@ def assemble(d_round, d_off, d_k, d_owner, n_rounds, n_ranks, rank_capacity, *, 
     ge = np.empty(nr * P + 1, dtype=np.int64)
     ei = np.empty(n, dtype=np.int64)
     eo = np.empty(n, dtype=np.int64)
-    G = _assemble_kernel(np.ascontiguousarray(d_round, np.int64),
-                         np.ascontiguousarray(d_off, np.int64),
-                         np.ascontiguousarray(d_k, np.int64),
-                         np.ascontiguousarray(d_owner, np.int64), np.int64(nr), np.int64(P),
-                         np.int64(fixed), rg, go, gs, ge, ei, eo)
+    pl = Placement(*(np.ascontiguousarray(a, np.int64) for a in (d_round, d_off, d_k, d_owner)))
+    G = _assemble_kernel(pl, np.int64(nr), np.int64(P), np.int64(fixed), rg, go, gs, ge, ei, eo)
     ids = np.arange(n, dtype=np.int64) if doc_ids is None else np.asarray(doc_ids, np.int64)
     starts = np.zeros(n, np.int64) if item_start is None else np.asarray(item_start, np.int64)
     lens = np.zeros(n, np.int64) if lengths is None else np.asarray(lengths, np.int64)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ._jit import kernel
 from .hybrid_cp import _check_table
+from .hybrid_groups import batch
 from .hybrid_shelf import _shelf_cost_kernel
 
 #: a cluster of start B, and the largest step a document moves into, hold at most this many
@@ -37,17 +38,17 @@ _MAX_LEAVE = 4
 
 
 @kernel
-def _set_cost(time, tok, cap, P, ka_hi, rho, tall, emit, z0, z1, s, drop, add, buf):
+def _set_cost(bt, rho, tall, emit, z0, z1, s, drop, add, buf):
     """Score of the tall documents ``zi`` in ``[z0, z1)`` with ``emit[zi] == s``, without
     ``drop`` (-1: none) and with ``add`` (-1: none), in increasing ``zi`` order; 0 if empty."""
-    m = 0
+    m = np.int64(0)
     for z in range(z0, z1):
         if (emit[z] == s and z != drop) or z == add:
             buf[m] = tall[z]
             m += 1
     if m == 0:
         return 0.0
-    return _shelf_cost_kernel(time, tok, cap, P, buf[:m], 1, ka_hi, rho)
+    return _shelf_cost_kernel(bt, buf[:m], rho)
 
 
 @kernel
@@ -61,8 +62,7 @@ def _round_half_even(total, count):
 
 
 @kernel
-def _summed_cost(time, tok, cap, P, ka_hi, rho, tall, emit, home, max_delay, max_advance,
-                 n_steps, zlo, zhi, buf, seen):
+def _summed_cost(bt, rho, tall, emit, n_steps, zlo, zhi, buf, seen):
     """Summed score over the steps of ``emit``, in the order the steps first appear."""
     m = tall.shape[0]
     for s in range(n_steps):
@@ -73,18 +73,18 @@ def _summed_cost(time, tok, cap, P, ka_hi, rho, tall, emit, home, max_delay, max
         if seen[s]:
             continue
         seen[s] = True
-        total += _set_cost(time, tok, cap, P, ka_hi, rho, tall, emit, zlo[s], zhi[s], s, -1, -1,
-                           buf)
+        total += _set_cost(bt, rho, tall, emit, zlo[s], zhi[s], s, np.int64(-1), np.int64(-1), buf)
     return total
 
 
 @kernel
-def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance, emit):
+def _move_tall(bt, rho, tall, home, max_delay, max_advance, emit):
     """The step of every tall document into ``emit`` int64[m] (see the module docstring).
 
-    ``time`` float64[n, K], ``tok`` int64[n, K]: the epoch's cost table; ``tall`` int64[m] its
-    rows of the tall documents in stream order; ``home`` int64[m] their steps without moving
-    (non-decreasing); ``rho`` the short documents' seconds per token."""
+    ``bt``: the epoch's cost table (:class:`packing.hybrid_groups.Batch`, sharded sizes
+    ``2^1 .. 2^(K-1)``); ``tall`` int64[m] its rows of the tall documents in stream order;
+    ``home`` int64[m] their steps without moving (non-decreasing); ``rho`` the short
+    documents' seconds per token."""
     m = tall.shape[0]
     span = max_delay + max_advance
     for zi in range(m):
@@ -96,8 +96,8 @@ def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance
     # [s - max_delay, s + max_advance]
     zlo = np.empty(n_steps, dtype=np.int64)
     zhi = np.empty(n_steps, dtype=np.int64)
-    a = 0
-    b = 0
+    a = np.int64(0)
+    b = np.int64(0)
     for s in range(n_steps):
         while a < m and home[a] < s - max_delay:
             a += 1
@@ -118,7 +118,7 @@ def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance
                 break
             for q in range(j, i):
                 buf[q - j] = tall[q]
-            c = best[j] + _shelf_cost_kernel(time, tok, cap, P, buf[:i - j], 1, ka_hi, rho)
+            c = best[j] + _shelf_cost_kernel(bt, buf[:i - j], rho)
             if c < best[i] - 1e-12:
                 best[i] = c
                 prev[i] = j
@@ -129,7 +129,7 @@ def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance
         j = prev[i]
         lo = home[j]
         hi = home[j]
-        tot = 0
+        tot = np.int64(0)
         for q in range(j, i):
             if home[q] < lo:
                 lo = home[q]
@@ -145,10 +145,8 @@ def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance
         for q in range(j, i):
             alt[q] = v
         i = j
-    c_alt = _summed_cost(time, tok, cap, P, ka_hi, rho, tall, alt, home, max_delay, max_advance,
-                         n_steps, zlo, zhi, buf, seen)
-    c_home = _summed_cost(time, tok, cap, P, ka_hi, rho, tall, emit, home, max_delay,
-                          max_advance, n_steps, zlo, zhi, buf, seen)
+    c_alt = _summed_cost(bt, rho, tall, alt, n_steps, zlo, zhi, buf, seen)
+    c_home = _summed_cost(bt, rho, tall, emit, n_steps, zlo, zhi, buf, seen)
     if c_alt < c_home - 1e-9:
         for zi in range(m):
             emit[zi] = alt[zi]
@@ -172,12 +170,12 @@ def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance
                 continue
             h = home[zi]
             if st_ver[s0] != ver[s0]:
-                st_cost[s0] = _set_cost(time, tok, cap, P, ka_hi, rho, tall, emit, zlo[s0],
-                                        zhi[s0], s0, -1, -1, buf)
+                st_cost[s0] = _set_cost(bt, rho, tall, emit, zlo[s0], zhi[s0], s0, np.int64(-1),
+                                        np.int64(-1), buf)
                 st_ver[s0] = ver[s0]
             if wo_step[zi] != s0 or wo_ver[zi] != ver[s0]:
-                wo_cost[zi] = _set_cost(time, tok, cap, P, ka_hi, rho, tall, emit, zlo[s0],
-                                        zhi[s0], s0, zi, -1, buf)
+                wo_cost[zi] = _set_cost(bt, rho, tall, emit, zlo[s0], zhi[s0], s0, zi,
+                                        np.int64(-1), buf)
                 wo_step[zi] = s0
                 wo_ver[zi] = ver[s0]
             base = st_cost[s0] - wo_cost[zi]
@@ -188,12 +186,12 @@ def _move_tall(time, tok, cap, P, ka_hi, rho, tall, home, max_delay, max_advance
                     continue
                 w = s1 - (h - max_advance)
                 if ad_ver[zi, w] != ver[s1]:
-                    ad_cost[zi, w] = _set_cost(time, tok, cap, P, ka_hi, rho, tall, emit,
-                                               zlo[s1], zhi[s1], s1, -1, zi, buf)
+                    ad_cost[zi, w] = _set_cost(bt, rho, tall, emit, zlo[s1], zhi[s1], s1,
+                                               np.int64(-1), zi, buf)
                     ad_ver[zi, w] = ver[s1]
                 if st_ver[s1] != ver[s1]:
-                    st_cost[s1] = _set_cost(time, tok, cap, P, ka_hi, rho, tall, emit,
-                                            zlo[s1], zhi[s1], s1, -1, -1, buf)
+                    st_cost[s1] = _set_cost(bt, rho, tall, emit, zlo[s1], zhi[s1], s1,
+                                            np.int64(-1), np.int64(-1), buf)
                     st_ver[s1] = ver[s1]
                 gain = ad_cost[zi, w] - st_cost[s1] - base
                 if gain < bst:
@@ -228,8 +226,8 @@ def move_tall(time, tokens, rank_capacity: int, n_ranks: int, tall, home, densit
     if int(max_delay) < 0 or int(max_advance) < 0:
         raise ValueError(f"max_delay {max_delay} and max_advance {max_advance} must be >= 0")
     emit = np.empty(m, dtype=np.int64)
-    _move_tall(time, tokens, np.int64(cap), np.int64(P), np.int64(time.shape[1] - 1),
-               float(density), tall, home, np.int64(max_delay), np.int64(max_advance), emit)
+    _move_tall(batch(time, tokens, cap, P, 1, time.shape[1] - 1, True, -1), np.float64(density),
+               tall, home, np.int64(max_delay), np.int64(max_advance), emit)
     return emit
 
 

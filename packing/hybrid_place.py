@@ -13,17 +13,23 @@ from .hybrid_groups import (_add_shard, _add_whole, _free_block, _new_group, _ro
 
 
 @kernel
-def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize, H, order_a,
-                      s_area, rho, R_cap, nr, ng, load, rtok, gid, T, room, g_off, g_k, g_round,
-                      g_load, g_tok, placed, d_round, d_off, d_k, d_owner):
+def _place_group_docs(bt, rs, pl, H, order_a, s_area, rho, R_cap, nr, ng, placed):
     """Step 2b: every document of ``order_a`` not yet ``placed``, by decreasing area, at the
     placement that raises the estimated step time least (LPT on the fixed groups with
-    ``fixed_k >= 0``). Returns (status, rounds, groups); status 1: ``R_cap`` rounds were too
-    few."""
+    ``fixed_k >= 0``), into ``rs`` (``nr`` rounds, ``ng`` groups so far) and ``pl``; ``s_area``
+    the whole documents' work, ``rho`` their seconds per token. Returns (status, rounds,
+    groups); status 1: ``R_cap`` rounds were too few."""
+    time, tok, cap, P = bt.time, bt.tok, bt.cap, bt.P
+    whole_ok, fixed_k = bt.whole_ok, bt.fixed_k
+    fsize = 1 << fixed_k if fixed_k >= 0 else 0
+    ka_lo, ka_hi = bt.ka_lo, bt.ka_hi
+    load, rtok, gid, T = rs.load, rs.rtok, rs.gid, rs.T
+    g_off, g_k, g_round, g_load, g_tok = rs.g_off, rs.g_k, rs.g_round, rs.g_load, rs.g_tok
+    room = rs.room
     s_room = 0.0  # sum of room[r]
     for r in range(nr):
         te = T[r] if T[r] > H else H
-        room[r] = _round_room(load, rtok, gid, g_k, r, te, rho, cap, P, whole_ok, 0, 0)
+        room[r] = _round_room(bt, rs, r, te, rho, np.int64(0), np.int64(0))
         s_room += room[r]
     for q in range(order_a.shape[0]):
         d = order_a[q]
@@ -32,7 +38,7 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
         if fixed_k >= 0:
             # fixed groups: LPT, the group whose load grows least with memory room
             k = fixed_k
-            bg = -1
+            bg = np.int64(-1)
             bl = np.inf
             for gi in range(ng):
                 if g_tok[gi] + tok[d, k] <= cap and g_load[gi] + time[d, k] < bl:
@@ -42,11 +48,10 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                 if nr == R_cap:
                     return 1, nr, ng
                 for o in range(0, P - fsize + 1, fsize):
-                    ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, nr, o, k)
+                    ng = _new_group(rs, ng, nr, o, k)
                 nr += 1
                 bg = ng - P // fsize
-            _add_shard(d, bg, k, time, tok, g_off, g_k, g_round, g_load, g_tok, load, rtok,
-                       d_round, d_off, d_k, d_owner)
+            _add_shard(bt, rs, pl, d, bg, k)
             r = g_round[bg]
             if g_load[bg] > T[r]:
                 T[r] = g_load[bg]
@@ -57,10 +62,10 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
         rem = s_area - s_room
         base_rem = rem if rem > 0 else 0.0
         best = np.inf
-        b_r = -1
-        b_k = -1
-        b_kind = -1   # 0 whole on slot, 1 existing group, 2 new block, 3 new round
-        b_t = -1      # slot / group / block offset
+        b_r = np.int64(-1)
+        b_k = np.int64(-1)
+        b_kind = np.int64(-1)   # 0 whole on slot, 1 existing group, 2 new block, 3 new round
+        b_t = np.int64(-1)      # slot / group / block offset
         whole_fits = tok[d, 0] <= cap
         # sizes worth trying: up to one above the smallest that reaches H
         k_top = ka_hi
@@ -76,7 +81,7 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                         continue
                     t = time[d, 0]
                     # least-loaded slot with memory room
-                    sp = -1
+                    sp = np.int64(-1)
                     for p in range(P):
                         if not whole_ok and gid[r, p] >= 0 and g_k[gid[r, p]] > 0:
                             continue
@@ -87,14 +92,13 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                     nt = load[r, sp] + t
                     newT = T[r] if T[r] > nt else nt
                     te = newT if newT > H else H
-                    old_s = _slot_room(load, rtok, r, sp, te_old, rho, cap)
+                    old_s = _slot_room(rs, r, sp, te_old, rho, cap)
                     load[r, sp] += t
                     rtok[r, sp] += tok[d, 0]
                     if te != te_old:
-                        nroom = _round_room(load, rtok, gid, g_k, r, te, rho, cap, P, whole_ok, 0,
-                                            0)
+                        nroom = _round_room(bt, rs, r, te, rho, np.int64(0), np.int64(0))
                     else:
-                        nroom = room[r] - old_s + _slot_room(load, rtok, r, sp, te, rho, cap)
+                        nroom = room[r] - old_s + _slot_room(rs, r, sp, te, rho, cap)
                     load[r, sp] -= t
                     rtok[r, sp] -= tok[d, 0]
                     rem2 = rem - (nroom - room[r])
@@ -102,8 +106,8 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                     if df < best - 1e-12:
                         best = df
                         b_r = r
-                        b_k = 0
-                        b_kind = 0
+                        b_k = np.int64(0)
+                        b_kind = np.int64(0)
                         b_t = sp
                     continue
                 if k < ka_lo or tok[d, k] > cap:
@@ -112,7 +116,7 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                 size = 1 << k
                 # an existing group of this size with memory room (least loaded), and a free block
                 for kind in range(1, 3):
-                    tgt = -1
+                    tgt = np.int64(-1)
                     if kind == 1:
                         for gi in range(ng):
                             if g_round[gi] == r and g_k[gi] == k and g_tok[gi] + tok[d, k] <= cap:
@@ -137,7 +141,7 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                     if te == te_old:
                         for p in range(o, o + size):
                             if whole_ok or gid[r, p] < 0 or g_k[gid[r, p]] == 0:
-                                old_s += _slot_room(load, rtok, r, p, te_old, rho, cap)
+                                old_s += _slot_room(rs, r, p, te_old, rho, cap)
                     for p in range(o, o + size):
                         load[r, p] += t
                         rtok[r, p] += tok[d, k]
@@ -145,10 +149,9 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
                         nroom = room[r] - old_s
                         if whole_ok:
                             for p in range(o, o + size):
-                                nroom += _slot_room(load, rtok, r, p, te, rho, cap)
+                                nroom += _slot_room(rs, r, p, te, rho, cap)
                     else:
-                        nroom = _round_room(load, rtok, gid, g_k, r, te, rho, cap, P, whole_ok,
-                                            o, size if kind == 2 else 0)
+                        nroom = _round_room(bt, rs, r, te, rho, o, size if kind == 2 else 0)
                     for p in range(o, o + size):
                         load[r, p] -= t
                         rtok[r, p] -= tok[d, k]
@@ -183,37 +186,32 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
             df = te + ((rem2 if rem2 > 0 else 0.0) - base_rem) / P
             if df < best - 1e-12:
                 best = df
-                b_r = -1
+                b_r = np.int64(-1)
                 b_k = k
-                b_kind = 3
-                b_t = 0
+                b_kind = np.int64(3)
+                b_t = np.int64(0)
         # apply
         if b_kind == 3:
             if nr == R_cap:
                 return 1, nr, ng
             r = nr
             nr += 1
-            ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, 0, b_k)
+            ng = _new_group(rs, ng, r, np.int64(0), b_k)
             if b_k == 0:
-                _add_whole(d, r, 0, time, tok, gid, g_off, g_k, load, rtok, d_round, d_off,
-                           d_k, d_owner)
+                _add_whole(bt, rs, pl, d, r, np.int64(0))
             else:
-                _add_shard(d, ng - 1, b_k, time, tok, g_off, g_k, g_round, g_load, g_tok, load,
-                           rtok, d_round, d_off, d_k, d_owner)
+                _add_shard(bt, rs, pl, d, ng - 1, b_k)
         else:
             r = b_r
             if b_kind == 0:
                 if gid[r, b_t] < 0:
-                    ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, b_t, 0)
-                _add_whole(d, r, b_t, time, tok, gid, g_off, g_k, load, rtok, d_round, d_off,
-                           d_k, d_owner)
+                    ng = _new_group(rs, ng, r, b_t, np.int64(0))
+                _add_whole(bt, rs, pl, d, r, b_t)
             elif b_kind == 1:
-                _add_shard(d, b_t, b_k, time, tok, g_off, g_k, g_round, g_load, g_tok, load,
-                           rtok, d_round, d_off, d_k, d_owner)
+                _add_shard(bt, rs, pl, d, b_t, b_k)
             else:
-                ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, b_t, b_k)
-                _add_shard(d, ng - 1, b_k, time, tok, g_off, g_k, g_round, g_load, g_tok, load,
-                           rtok, d_round, d_off, d_k, d_owner)
+                ng = _new_group(rs, ng, r, b_t, b_k)
+                _add_shard(bt, rs, pl, d, ng - 1, b_k)
         m = 0.0
         for p in range(P):
             if load[r, p] > m:
@@ -221,32 +219,35 @@ def _place_group_docs(time, tok, cap, P, ka_lo, ka_hi, whole_ok, fixed_k, fsize,
         T[r] = m
         te = m if m > H else H
         s_room -= room[r]
-        room[r] = _round_room(load, rtok, gid, g_k, r, te, rho, cap, P, whole_ok, 0, 0)
+        room[r] = _round_room(bt, rs, r, te, rho, np.int64(0), np.int64(0))
         s_room += room[r]
     return 0, nr, ng
 
 
 @kernel
-def _place_whole(time, tok, cap, P, whole_ok, fixed_k, fsize, H, order_b, min_len_b, s_area,
-                 s_tok, rho, R_cap, nr, ng, load, rtok, gid, T, g_off, g_k, g_round, g_load,
-                 g_tok, d_round, d_off, d_k, d_owner):
-    """Step 3: whole documents (``order_b``, by decreasing time) by LPT over the (round, rank)
-    slots keyed by load minus the round's effective height, rounds added for what the existing
-    ones cannot absorb. Returns (status, rounds, groups); status 1: ``R_cap`` rounds were too
-    few."""
+def _place_whole(bt, rs, pl, H, order_b, min_len_b, s_area, s_tok, rho, R_cap, nr, ng):
+    """Step 3: whole documents (``order_b``, by decreasing time; ``min_len_b[q]`` the shortest
+    of ``order_b[q:]``) by LPT over the (round, rank) slots keyed by load minus the round's
+    effective height, rounds added for what the existing ones cannot absorb (``s_area``
+    seconds, ``s_tok`` tokens of them). Returns (status, rounds, groups); status 1: ``R_cap``
+    rounds were too few."""
+    time, tok, cap, P = bt.time, bt.tok, bt.cap, bt.P
+    whole_ok, fixed_k = bt.whole_ok, bt.fixed_k
+    fsize = 1 << fixed_k if fixed_k >= 0 else 0
+    load, rtok, gid, T, g_k = rs.load, rs.rtok, rs.gid, rs.T, rs.g_k
     nb = order_b.shape[0]
     if nb > 0:
         absorb = 0.0
-        free_tok = 0
+        free_tok = np.int64(0)
         for r in range(nr):
             te = T[r] if T[r] > H else H
-            absorb += _round_room(load, rtok, gid, g_k, r, te, rho, cap, P, whole_ok, 0, 0)
+            absorb += _round_room(bt, rs, r, te, rho, np.int64(0), np.int64(0))
             for p in range(P):
                 if not whole_ok and gid[r, p] >= 0 and g_k[gid[r, p]] > 0:
                     continue
                 free_tok += cap - rtok[r, p]
         level = H if H < rho * cap else rho * cap
-        extra = 0
+        extra = np.int64(0)
         if s_area > absorb * (1 + 1e-9):
             extra = int(np.ceil((s_area - absorb) / (P * level) - 1e-9))
         if s_tok > free_tok:
@@ -258,7 +259,7 @@ def _place_whole(time, tok, cap, P, whole_ok, fixed_k, fsize, H, order_b, min_le
         for e in range(extra):
             if fixed_k >= 0:
                 for o in range(0, P - fsize + 1, fsize):
-                    ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, nr, o, fixed_k)
+                    ng = _new_group(rs, ng, nr, o, fixed_k)
             nr += 1
         Te = np.empty(R_cap)
         for r in range(R_cap):
@@ -267,8 +268,8 @@ def _place_whole(time, tok, cap, P, whole_ok, fixed_k, fsize, H, order_b, min_le
         ids = np.empty(R_cap * P, dtype=np.int64)
         pkeys = np.empty(R_cap * P)  # slots set aside for memory: max-heap on free tokens
         pids = np.empty(R_cap * P, dtype=np.int64)
-        hs = 0
-        ps = 0
+        hs = np.int64(0)
+        ps = np.int64(0)
         for r in range(nr):
             for p in range(P):
                 if not whole_ok and gid[r, p] >= 0 and g_k[gid[r, p]] > 0:
@@ -288,8 +289,7 @@ def _place_whole(time, tok, cap, P, whole_ok, fixed_k, fsize, H, order_b, min_le
                         return 1, nr, ng
                     if fixed_k >= 0:
                         for o in range(0, P - fsize + 1, fsize):
-                            ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, nr, o,
-                                            fixed_k)
+                            ng = _new_group(rs, ng, nr, o, fixed_k)
                     for p in range(P):
                         hs = heap_push(keys, ids, hs, -Te[nr], nr * P + p)
                     nr += 1
@@ -302,9 +302,8 @@ def _place_whole(time, tok, cap, P, whole_ok, fixed_k, fsize, H, order_b, min_le
                 if cap - rtok[r, p] >= min_len_b[q + 1]:  # may still take a later document
                     ps = heap_push(pkeys, pids, ps, -float(cap - rtok[r, p]), ident)
             if gid[r, p] < 0:
-                ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, p, 0)
-            _add_whole(d, r, p, time, tok, gid, g_off, g_k, load, rtok, d_round, d_off, d_k,
-                       d_owner)
+                ng = _new_group(rs, ng, r, p, np.int64(0))
+            _add_whole(bt, rs, pl, d, r, p)
             if cap - rtok[r, p] >= min_len_b[q + 1]:
                 hs = heap_push(keys, ids, hs, load[r, p] - Te[r], ident)
     return 0, nr, ng

@@ -6,28 +6,44 @@ same round, while that lowers the round's maximum without raising another's.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ._jit import kernel
-from .hybrid_groups import _TOL, _add_shard, _add_whole, _new_group
+from .hybrid_groups import _TOL, _add_shard, _add_whole, _new_group, _new_rounds
+
+
+class Links(NamedTuple):
+    """The whole documents of every (round, rank) slot as doubly linked lists: ``head``
+    int64[R * P] (first document of slot ``r * P + p``, -1: none), ``nxt``/``prv`` int64[n]."""
+
+    head: np.ndarray
+    nxt: np.ndarray
+    prv: np.ndarray
 
 
 @kernel
-def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g_off, g_k,
-                  g_round, g_load, g_tok, rmax, d_round, d_off, d_k, d_owner, order_a, order_b):
-    """Move or swap whole documents off the slowest rank of each round while that lowers the
-    round's maximum and raises no other round's; returns the group count."""
+def _local_search(bt, rs, pl, nr, ng, iters, rmax, order_a, order_b):
+    """Move or swap whole documents off the slowest rank of each of the ``nr`` rounds of
+    ``rs`` (``rmax`` float64[nr] their maxima, kept up to date) while that lowers the round's
+    maximum and raises no other round's, for at most ``iters`` sweeps; documents listed by
+    ``order_b`` then ``order_a`` (decreasing time). Returns the group count."""
+    time, tok, cap, P, whole_ok = bt.time, bt.tok, bt.cap, bt.P, bt.whole_ok
+    load, rtok, gid, g_k = rs.load, rs.rtok, rs.gid, rs.g_k
+    d_round, d_off, d_owner = pl.d_round, pl.d_off, pl.d_owner
     n = time.shape[0]
     head = np.full(nr * P, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
     prv = np.full(n, -1, dtype=np.int64)
+    lk = Links(head, nxt, prv)
     for src in range(2):
         order = order_b if src == 0 else order_a
         for q in range(order.shape[0] - 1, -1, -1):  # lists in decreasing time order
             d = order[q]
             if d_owner[d] < 0:
                 continue
-            _link(d, d_round[d] * P + d_off[d] + d_owner[d], head, nxt, prv)
+            _link(lk, d, d_round[d] * P + d_off[d] + d_owner[d])
     low = np.empty(4, dtype=np.int64)
     stuck = np.zeros(nr, dtype=np.bool_)  # no move found: skipped until a final full sweep
     final = False
@@ -38,7 +54,7 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
         for r in range(nr):
             if stuck[r] and not final:
                 continue
-            p = 0
+            p = np.int64(0)
             for pp in range(P):
                 if load[r, pp] > load[r, p]:
                     p = pp
@@ -48,7 +64,7 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
             while x >= 0:
                 t = time[x, 0]
                 L = tok[x, 0]
-                bid = -1
+                bid = np.int64(-1)
                 bsl = _TOL * mx
                 for s in range(nr):
                     lim = mx if s == r else rmax[s]
@@ -66,21 +82,20 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
                 if bid >= 0:
                     s = bid // P
                     q = bid % P
-                    _unlink(x, r * P + p, head, nxt, prv)
-                    _link(x, bid, head, nxt, prv)
+                    _unlink(lk, x, r * P + p)
+                    _link(lk, x, bid)
                     load[r, p] -= t
                     rtok[r, p] -= L
                     if gid[s, q] < 0:
-                        ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, s, q, 0)
-                    _add_whole(x, s, q, time, tok, gid, g_off, g_k, load, rtok, d_round, d_off,
-                               d_k, d_owner)
+                        ng = _new_group(rs, ng, s, q, np.int64(0))
+                    _add_whole(bt, rs, pl, x, s, q)
                     moved = True
                     break
                 x = nxt[x]
             if not moved:
                 # swap a document of the slowest rank with a cheaper one on one of the four
                 # least-loaded ranks of the same round
-                nl = 0
+                nl = np.int64(0)
                 for q in range(P):
                     if q == p or (not whole_ok and gid[r, q] >= 0 and g_k[gid[r, q]] > 0):
                         continue
@@ -88,15 +103,15 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
                         low[nl] = q
                         nl += 1
                     else:
-                        w = 0
+                        w = np.int64(0)
                         for j in range(1, 4):
                             if load[r, low[j]] > load[r, low[w]]:
                                 w = j
                         if load[r, q] < load[r, low[w]]:
                             low[w] = q
-                bx = -1
-                by = -1
-                bq = -1
+                bx = np.int64(-1)
+                by = np.int64(-1)
+                bq = np.int64(-1)
                 bnew = mx * (1 - _TOL)
                 x = head[r * P + p]
                 while x >= 0:
@@ -118,8 +133,7 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
                             y = nxt[y]
                     x = nxt[x]
                 if bx >= 0:
-                    _swap_whole(bx, by, r, p, bq, P, time, tok, load, rtok, head, nxt, prv,
-                                gid, g_off, g_k, d_round, d_off, d_k, d_owner)
+                    _swap_whole(bt, rs, pl, lk, bx, by, r, p, bq)
                     moved = True
             if moved:
                 m = 0.0
@@ -143,7 +157,9 @@ def _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g
 
 
 @kernel
-def _unlink(x, s, head, nxt, prv):
+def _unlink(lk, x, s):
+    """Document x out of slot s's list."""
+    head, nxt, prv = lk.head, lk.nxt, lk.prv
     if prv[x] >= 0:
         nxt[prv[x]] = nxt[x]
     else:
@@ -155,7 +171,9 @@ def _unlink(x, s, head, nxt, prv):
 
 
 @kernel
-def _link(x, s, head, nxt, prv):
+def _link(lk, x, s):
+    """Document x first in slot s's list."""
+    head, nxt, prv = lk.head, lk.nxt, lk.prv
     nxt[x] = head[s]
     prv[x] = -1
     if head[s] >= 0:
@@ -164,13 +182,15 @@ def _link(x, s, head, nxt, prv):
 
 
 @kernel
-def _swap_whole(x, y, r, p, q, P, time, tok, load, rtok, head, nxt, prv, gid, g_off, g_k,
-                d_round, d_off, d_k, d_owner):
+def _swap_whole(bt, rs, pl, lk, x, y, r, p, q):
     """Exchange whole document x (on rank p of round r) with y (rank q of round r)."""
-    _unlink(x, r * P + p, head, nxt, prv)
-    _unlink(y, r * P + q, head, nxt, prv)
-    _link(x, r * P + q, head, nxt, prv)
-    _link(y, r * P + p, head, nxt, prv)
+    time, tok, P = bt.time, bt.tok, bt.P
+    load, rtok, gid, g_off, g_k = rs.load, rs.rtok, rs.gid, rs.g_off, rs.g_k
+    d_off, d_k, d_owner = pl.d_off, pl.d_k, pl.d_owner
+    _unlink(lk, x, r * P + p)
+    _unlink(lk, y, r * P + q)
+    _link(lk, x, r * P + q)
+    _link(lk, y, r * P + p)
     dt = time[x, 0] - time[y, 0]
     dl = tok[x, 0] - tok[y, 0]
     load[r, p] -= dt
@@ -188,33 +208,27 @@ def _swap_whole(x, y, r, p, q, P, time, tok, load, rtok, head, nxt, prv, gid, g_
 
 
 @kernel
-def _repair(time, tok, cap, P, whole_ok, fixed_k, nr, iters, ob, d_round, d_off, d_k, d_owner):
-    """Local search (step 4) on a finished plan, rebuilt from its per-item arrays, which are
-    updated in place; returns the objective."""
+def _repair(bt, nr, iters, ob, pl):
+    """Local search (step 4) on a finished plan of ``nr`` rounds, rebuilt from its per-item
+    arrays ``pl``, which are updated in place; returns the objective."""
+    time, tok, P, fixed_k = bt.time, bt.tok, bt.P, bt.fixed_k
+    d_round, d_off, d_k, d_owner = pl.d_round, pl.d_off, pl.d_k, pl.d_owner
     n = time.shape[0]
-    G_cap = nr * P
-    load = np.zeros((nr, P))
-    rtok = np.zeros((nr, P), dtype=np.int64)
-    gid = np.full((nr, P), -1, dtype=np.int64)
-    g_off = np.empty(G_cap, dtype=np.int64)
-    g_k = np.empty(G_cap, dtype=np.int64)
-    g_round = np.empty(G_cap, dtype=np.int64)
-    g_load = np.empty(G_cap)
-    g_tok = np.empty(G_cap, dtype=np.int64)
-    ng = 0
+    rs = _new_rounds(nr, P)
+    load, rtok, gid = rs.load, rs.rtok, rs.gid
+    ng = np.int64(0)
     if fixed_k >= 0:
         fs = 1 << fixed_k
         for r in range(nr):
             for o in range(0, P - fs + 1, fs):
-                ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, o, fixed_k)
+                ng = _new_group(rs, ng, r, o, fixed_k)
     for d in range(n):
         r = d_round[d]
         o = d_off[d]
         if gid[r, o] < 0:
-            ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, o, d_k[d])
+            ng = _new_group(rs, ng, r, o, d_k[d])
         if d_owner[d] < 0:
-            _add_shard(d, gid[r, o], d_k[d], time, tok, g_off, g_k, g_round, g_load, g_tok, load,
-                       rtok, d_round, d_off, d_k, d_owner)
+            _add_shard(bt, rs, pl, d, gid[r, o], d_k[d])
         else:
             load[r, o + d_owner[d]] += time[d, 0]
             rtok[r, o + d_owner[d]] += tok[d, 0]
@@ -224,8 +238,7 @@ def _repair(time, tok, cap, P, whole_ok, fixed_k, nr, iters, ob, d_round, d_off,
             if load[r, p] > rmax[r]:
                 rmax[r] = load[r, p]
     none = np.empty(0, dtype=np.int64)
-    _local_search(time, tok, cap, P, whole_ok, nr, ng, iters, load, rtok, gid, g_off, g_k,
-                  g_round, g_load, g_tok, rmax, d_round, d_off, d_k, d_owner, none, ob)
+    _local_search(bt, rs, pl, nr, ng, iters, rmax, none, ob)
     obj = 0.0
     for r in range(nr):
         obj += rmax[r]

@@ -16,9 +16,11 @@ from .hybrid_groups import _TOL, _add_shard, _add_whole, _new_group
 
 
 @kernel
-def _size_for(time, tok, cap, d, h, ka_lo, ka_hi):
+def _size_for(bt, d, h):
     """Smallest group size exponent (0: whole on one rank) at which document d fits memory and
     takes at most h seconds; -1 if none."""
+    time, tok, cap = bt.time, bt.tok, bt.cap
+    ka_lo, ka_hi = bt.ka_lo, bt.ka_hi
     if tok[d, 0] <= cap and time[d, 0] <= h * (1 + _TOL):
         return 0
     for k in range(ka_lo, ka_hi + 1):
@@ -28,9 +30,11 @@ def _size_for(time, tok, cap, d, h, ka_lo, ka_hi):
 
 
 @kernel
-def _fastest(time, tok, cap, d, ka_lo, ka_hi):
+def _fastest(bt, d):
     """Least per-rank time of document d over the group sizes it fits (0 and ka_lo..ka_hi);
     inf if none."""
+    time, tok, cap = bt.time, bt.tok, bt.cap
+    ka_lo, ka_hi = bt.ka_lo, bt.ka_hi
     f = np.inf
     if tok[d, 0] <= cap:
         f = time[d, 0]
@@ -41,17 +45,19 @@ def _fastest(time, tok, cap, d, ka_lo, ka_hi):
 
 
 @kernel
-def _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, out_k):
+def _best_shelf(bt, mem, m, rho, budget, out_k):
     """Best height of a round holding exactly the documents mem[:m] (each on the smallest group
     reaching the height; groups packed largest first, so any set with total size <= P fits):
     the height minus the whole-document work its free room absorbs (at most ``budget``) over P.
     Writes the sizes to out_k[:m]; returns (score, height), score inf when none fits."""
+    time, tok, cap, P = bt.time, bt.tok, bt.cap, bt.P
+    ka_lo, ka_hi = bt.ka_lo, bt.ka_hi
     best = np.inf
     best_h = 0.0
     lo = 0.0
     for i in range(m):  # no height below the slowest document's fastest time
         d = mem[i]
-        f = _fastest(time, tok, cap, d, ka_lo, ka_hi)
+        f = _fastest(bt, d)
         if f > lo:
             lo = f
     kk = np.empty(m, dtype=np.int64)
@@ -62,11 +68,11 @@ def _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, out_k):
             h = time[mem[i], k]
             if tok[mem[i], k] > cap or h < lo * (1 - _TOL):
                 continue
-            used = 0
+            used = np.int64(0)
             absorb = 0.0
             ok = True
             for j in range(m):
-                kj = _size_for(time, tok, cap, mem[j], h, ka_lo, ka_hi)
+                kj = _size_for(bt, mem[j], h)
                 if kj < 0:
                     ok = False
                     break
@@ -93,7 +99,7 @@ def _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, out_k):
 
 
 @kernel
-def _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, out_shelf):
+def _shelf_dp(bt, zs, nz, rho, fluid, out_shelf):
     """Shelves of consecutive documents (by decreasing fastest time, at most 8 a shelf): the
     partition with the smallest summed shelf score, by dynamic programming. Writes each
     document's shelf to out_shelf[:nz]; returns the number of shelves (its score summed is
@@ -101,7 +107,7 @@ def _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, out_shelf):
     fast = np.empty(nz)
     for zi in range(nz):
         d = zs[zi]
-        f = _fastest(time, tok, cap, d, ka_lo, ka_hi)
+        f = _fastest(bt, d)
         fast[zi] = -f
     zo = np.argsort(fast, kind="mergesort")
     zsorted = zs[:nz][zo]
@@ -116,13 +122,13 @@ def _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, out_shelf):
                 continue
             for q in range(j, i):
                 mem[q - j] = zsorted[q]
-            sc, h = _best_shelf(time, tok, cap, P, mem, i - j, ka_lo, ka_hi, rho, fluid, kk)
+            sc, h = _best_shelf(bt, mem, i - j, rho, fluid, kk)
             if dp[j] + sc < dp[i] - 1e-12:
                 dp[i] = dp[j] + sc
                 prev[i] = j
     alt = np.empty(nz, dtype=np.int64)
     i = nz
-    ns = 0
+    ns = np.int64(0)
     while i > 0:
         j = prev[i]
         for q in range(j, i):
@@ -135,30 +141,29 @@ def _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, out_shelf):
 
 
 @kernel
-def _shelf_cost_kernel(time, tok, cap, P, docs, ka_lo, ka_hi, rho):
+def _shelf_cost_kernel(bt, docs, rho):
     nz = docs.shape[0]
     shelf = np.empty(nz, dtype=np.int64)
-    ns = _shelf_dp(time, tok, cap, P, docs, nz, ka_lo, ka_hi, rho, np.inf, shelf)
+    ns = _shelf_dp(bt, docs, nz, rho, np.inf, shelf)
     mem = np.empty(nz, dtype=np.int64)
     kk = np.empty(nz, dtype=np.int64)
     total = 0.0
     for s_ in range(ns):
-        m = 0
+        m = np.int64(0)
         for zi in range(nz):
             if shelf[zi] == s_:
                 mem[m] = docs[zi]
                 m += 1
-        sc, h = _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, np.inf, kk)
+        sc, h = _best_shelf(bt, mem, m, rho, np.inf, kk)
         total += sc
     return total
 
 
 @kernel
-def _shelf_eval(time, tok, cap, P, zs, shelf, nz, s, drop, add, ka_lo, ka_hi, rho, budget,
-                mem, kk):
+def _shelf_eval(bt, zs, shelf, nz, s, drop, add, rho, budget, mem, kk):
     """Score and absorbed work of shelf s without document index ``drop`` (-1: none) and with
     document ``add`` (-1: none); (0, 0) for an empty shelf."""
-    m = 0
+    m = np.int64(0)
     for zj in range(nz):
         if shelf[zj] == s and zj != drop:
             mem[m] = zs[zj]
@@ -168,24 +173,24 @@ def _shelf_eval(time, tok, cap, P, zs, shelf, nz, s, drop, add, ka_lo, ka_hi, rh
         m += 1
     if m == 0:
         return 0.0, 0.0
-    sc, h = _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, budget, kk)
-    return sc, (h - sc) * P
+    sc, h = _best_shelf(bt, mem, m, rho, budget, kk)
+    return sc, (h - sc) * bt.P
 
 
 @kernel
-def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap, nr, ng, load,
-                rtok, gid, T, g_off, g_k, g_round, g_load, g_tok, placed, d_round, d_off, d_k,
-                d_owner):
+def _place_tall(bt, rs, pl, H, order_a, s_area, rho, R_cap, nr, ng, placed):
     """Step 2a: documents of ``order_a`` that no group size brings under ``H`` (at most 32)
     into shelves, one new round each, marked in ``placed``. Returns (status, rounds, groups);
     status 1: ``R_cap`` rounds were too few."""
+    time, P, ka_hi = bt.time, bt.P, bt.ka_hi
+    load, T = rs.load, rs.T
     na_ = order_a.shape[0]
     zs = np.empty(na_, dtype=np.int64)
-    nz = 0
+    nz = np.int64(0)
     fluid = s_area
     for q in range(na_):
         d = order_a[q]
-        f = _fastest(time, tok, cap, d, ka_lo, ka_hi)
+        f = _fastest(bt, d)
         if f > H * (1 + _TOL) and nz < 32:
             zs[nz] = d
             nz += 1
@@ -196,28 +201,26 @@ def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap,
         sh_sc = np.empty(nz)
         sh_h = np.empty(nz)
         sh_ab = np.empty(nz)  # the budget each shelf's score used
-        ns = 0
+        ns = np.int64(0)
         mem = np.empty(nz, dtype=np.int64)
         kk = np.empty(nz, dtype=np.int64)
         used_ab = 0.0
         for zi in range(nz):
             d = zs[zi]
             mem[0] = d
-            sc, h = _best_shelf(time, tok, cap, P, mem, 1, ka_lo, ka_hi, rho,
-                                fluid - used_ab, kk)
+            sc, h = _best_shelf(bt, mem, np.int64(1), rho, fluid - used_ab, kk)
             best = sc
-            b_s = -1
+            b_s = np.int64(-1)
             b_h = h
             for s_ in range(ns):
-                m = 0
+                m = np.int64(0)
                 for zj in range(zi):
                     if shelf[zj] == s_:
                         mem[m] = zs[zj]
                         m += 1
                 mem[m] = d
                 m += 1
-                sc2, h2 = _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho,
-                                      fluid - used_ab + sh_ab[s_], kk)
+                sc2, h2 = _best_shelf(bt, mem, m, rho, fluid - used_ab + sh_ab[s_], kk)
                 if sc2 - sh_sc[s_] < best - 1e-12:
                     best = sc2 - sh_sc[s_]
                     b_s = s_
@@ -239,19 +242,19 @@ def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap,
         used_ab = 0.0
         tot_g = 0.0
         for s_ in range(ns):
-            sh_sc[s_], sh_ab[s_] = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s_, -1, -1,
-                                               ka_lo, ka_hi, rho, fluid - used_ab, mem, kk)
+            sh_sc[s_], sh_ab[s_] = _shelf_eval(bt, zs, shelf, nz, s_, np.int64(-1), np.int64(-1),
+                                               rho, fluid - used_ab, mem, kk)
             used_ab += sh_ab[s_]
             tot_g += sh_sc[s_]
         alt_shelf = np.empty(nz, dtype=np.int64)
-        na_s = _shelf_dp(time, tok, cap, P, zs, nz, ka_lo, ka_hi, rho, fluid, alt_shelf)
+        na_s = _shelf_dp(bt, zs, nz, rho, fluid, alt_shelf)
         used2 = 0.0
         tot_a = 0.0
         a_sc = np.empty(nz)
         a_ab = np.empty(nz)
         for s_ in range(na_s):
-            a_sc[s_], a_ab[s_] = _shelf_eval(time, tok, cap, P, zs, alt_shelf, nz, s_, -1,
-                                             -1, ka_lo, ka_hi, rho, fluid - used2, mem, kk)
+            a_sc[s_], a_ab[s_] = _shelf_eval(bt, zs, alt_shelf, nz, s_, np.int64(-1),
+                                             np.int64(-1), rho, fluid - used2, mem, kk)
             used2 += a_ab[s_]
             tot_a += a_sc[s_]
         if tot_a < tot_g - 1e-12:
@@ -264,31 +267,30 @@ def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap,
         # documents of different shelves, while the summed score drops
         for it in range(4 * nz):
             bd = -1e-9
-            b_z = -1
-            b_z2 = -1
-            b_s1 = -1
+            b_z = np.int64(-1)
+            b_z2 = np.int64(-1)
+            b_s1 = np.int64(-1)
             for zi in range(nz):
                 s0 = shelf[zi]
-                cnt0 = 0
+                cnt0 = np.int64(0)
                 for zj in range(nz):
                     if shelf[zj] == s0:
                         cnt0 += 1
                 others = used_ab - sh_ab[s0]
-                sc0m, ab0m = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s0, zi, -1,
-                                         ka_lo, ka_hi, rho, fluid - others, mem, kk)
+                sc0m, ab0m = _shelf_eval(bt, zs, shelf, nz, s0, zi, np.int64(-1), rho,
+                                         fluid - others, mem, kk)
                 for s1 in range(ns + 1):
                     if s1 == s0 or (s1 == ns and cnt0 == 1):
                         continue
                     old1 = sh_sc[s1] if s1 < ns else 0.0
                     oab1 = sh_ab[s1] if s1 < ns else 0.0
-                    sc1p, ab1p = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s1, -1,
-                                             zs[zi], ka_lo, ka_hi, rho,
+                    sc1p, ab1p = _shelf_eval(bt, zs, shelf, nz, s1, np.int64(-1), zs[zi], rho,
                                              fluid - (others - oab1) - ab0m, mem, kk)
                     dl = sc0m + sc1p - sh_sc[s0] - old1
                     if dl < bd:
                         bd = dl
                         b_z = zi
-                        b_z2 = -1
+                        b_z2 = np.int64(-1)
                         b_s1 = s1
                 for zj in range(zi + 1, nz):
                     s1 = shelf[zj]
@@ -297,13 +299,12 @@ def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap,
                     rest = used_ab - sh_ab[s0] - sh_ab[s1]
                     # zi leaves s0 for s1, zj leaves s1 for s0
                     shelf[zj] = -2
-                    sc0, ab0 = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s0, zi,
-                                           zs[zj], ka_lo, ka_hi, rho, fluid - rest, mem, kk)
+                    sc0, ab0 = _shelf_eval(bt, zs, shelf, nz, s0, zi, zs[zj], rho,
+                                           fluid - rest, mem, kk)
                     shelf[zj] = s1
                     shelf[zi] = -2
-                    sc1, ab1 = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s1, zj,
-                                           zs[zi], ka_lo, ka_hi, rho, fluid - rest - ab0,
-                                           mem, kk)
+                    sc1, ab1 = _shelf_eval(bt, zs, shelf, nz, s1, zj, zs[zi], rho,
+                                           fluid - rest - ab0, mem, kk)
                     shelf[zi] = s0
                     dl = sc0 + sc1 - sh_sc[s0] - sh_sc[s1]
                     if dl < bd:
@@ -336,34 +337,31 @@ def _place_tall(time, tok, cap, P, ka_lo, ka_hi, H, order_a, s_area, rho, R_cap,
                         b_s1 = s0
             used_ab = 0.0
             for s_ in range(ns):
-                sh_sc[s_], sh_ab[s_] = _shelf_eval(time, tok, cap, P, zs, shelf, nz, s_, -1,
-                                                   -1, ka_lo, ka_hi, rho, fluid - used_ab,
-                                                   mem, kk)
+                sh_sc[s_], sh_ab[s_] = _shelf_eval(bt, zs, shelf, nz, s_, np.int64(-1),
+                                                   np.int64(-1), rho, fluid - used_ab, mem, kk)
                 used_ab += sh_ab[s_]
         # materialise: one round per shelf, groups largest first from rank 0
         for s_ in range(ns):
-            m = 0
+            m = np.int64(0)
             for zj in range(nz):
                 if shelf[zj] == s_:
                     mem[m] = zs[zj]
                     m += 1
-            _best_shelf(time, tok, cap, P, mem, m, ka_lo, ka_hi, rho, np.inf, kk)
+            _best_shelf(bt, mem, m, rho, np.inf, kk)
             if nr == R_cap:
                 return 1, nr, ng
             r = nr
             nr += 1
-            o = 0
+            o = np.int64(0)
             for kq in range(ka_hi, -1, -1):
                 for i in range(m):
                     if kk[i] != kq:
                         continue
-                    ng = _new_group(gid, g_off, g_k, g_round, g_load, g_tok, ng, r, o, kq)
+                    ng = _new_group(rs, ng, r, o, kq)
                     if kq == 0:
-                        _add_whole(mem[i], r, o, time, tok, gid, g_off, g_k, load, rtok,
-                                   d_round, d_off, d_k, d_owner)
+                        _add_whole(bt, rs, pl, mem[i], r, o)
                     else:
-                        _add_shard(mem[i], ng - 1, kq, time, tok, g_off, g_k, g_round,
-                                   g_load, g_tok, load, rtok, d_round, d_off, d_k, d_owner)
+                        _add_shard(bt, rs, pl, mem[i], ng - 1, kq)
                     placed[mem[i]] = True
                     o += 1 << kq
             mx = 0.0

@@ -219,7 +219,7 @@ def kk_equal(costs, m: int) -> np.ndarray:
     """Balanced Karmarkar-Karp differencing into m groups of n/m items (verl's equal_size=True)."""
     costs, m, group_of = _prepare(costs, m, True)
     if costs.shape[0]:
-        _kk(costs, np.int64(m), True, group_of)
+        _kk(costs, np.int64(m), np.bool_(True), group_of)
     return group_of
 
 
@@ -228,7 +228,7 @@ def kk(costs, m: int) -> np.ndarray:
     when n < m)."""
     costs, m, group_of = _prepare(costs, m, False)
     if costs.shape[0]:
-        _kk(costs, np.int64(m), False, group_of)
+        _kk(costs, np.int64(m), np.bool_(False), group_of)
     return group_of
 
 
