@@ -46,7 +46,7 @@ def _accelerate_loop(rank):
 
     from balancer import PackedBatchSampler
     from balancer.loader.collate import PackedCollator, PackedDataset
-    from balancer.integrations.accelerate import check_not_resharded, prepare_loader
+    from balancer.integrations.accelerate import check_not_resharded, prepare_loader, step_loss
     from balancer.integrations.hf import model_inputs
 
     samples, cost, layout, config, ds = workload()
@@ -57,7 +57,7 @@ def _accelerate_loop(rank):
     def loader(s):
         return torch.utils.data.DataLoader(PackedDataset(ds), batch_sampler=s,
                                            collate_fn=PackedCollator())
-    # what the plain call does: half of this rank's microbatches
+    # what the plain call does: half of this rank's microbatches (check_not_resharded refuses)
     plain = acc.prepare(loader(PackedBatchSampler(samples, cost, layout, config)))
     plain_count = sum(1 for _ in plain)
     try:
@@ -80,8 +80,8 @@ def _accelerate_loop(rank):
             logits = model(**inputs).logits[0]
             loss = torch.nn.functional.cross_entropy(
                 logits[:-1], labels[0, 1:], ignore_index=-100, reduction="sum")
-            # DDP averages gradients over the DP ranks: scale back to a sum
-            acc.backward(loss / b["step_loss_tokens"] * acc.num_processes)
+            # the documented loss: DDP averages gradients over the DP ranks, step_loss scales
+            acc.backward(step_loss(loss, b, acc))
         if b["last_in_step"]:
             if first is None:
                 first = _grads(model)

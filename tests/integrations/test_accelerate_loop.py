@@ -1,0 +1,97 @@
+"""accelerate's prepared loader in one process (the real library): the sampler's epoch wins over
+the loader's own pass counter (``sampler.set_epoch(2)`` trains epoch 2, a restore made after
+:func:`~balancer.integrations.accelerate.prepare_loader` resumes), the loader still advances by
+itself when nobody sets an epoch, and the documented loss (:func:`step_loss`) gives the unpacked
+reference's gradient with ``no_sync`` and with ``accelerator.accumulate``. Two processes:
+tests/integrations/test_two_processes.py."""
+import numpy as np
+import pytest
+import torch
+
+from integration_helpers import need  # noqa: E402
+
+need("accelerate")
+need("transformers")
+
+from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable  # noqa: E402
+from balancer.integrations.accelerate import prepare_loader, step_loss  # noqa: E402
+from balancer.loader.collate import FlatTokens, PackedCollator, PackedDataset  # noqa: E402
+from integration_helpers import (VOCAB, max_grad_diff, reference_step_grads,  # noqa: E402
+                                 tiny_llama)
+
+
+def _setup(seed=2, **cfg):
+    lengths = np.random.default_rng(seed).integers(1, 60, 60)
+    layout = Layout(dp=1, microbatches=2, capacity=128)
+    samples, cost = SampleTable(lengths), CostModel.quadratic(4096)
+    config = PlannerConfig(seed=seed, **cfg)
+    ds = FlatTokens.from_lengths(lengths, vocab=VOCAB, seed=seed + 1)
+    return samples, cost, layout, config, ds
+
+
+def _loader(acc, sampler, ds):
+    return prepare_loader(acc, torch.utils.data.DataLoader(
+        PackedDataset(ds), batch_sampler=sampler, collate_fn=PackedCollator()))
+
+
+def _keys(dl):
+    return [(int(b["epoch"]), int(b["position"])) for b in dl]
+
+
+def test_set_epoch_and_restore_after_prepare():
+    from accelerate import Accelerator
+    samples, cost, layout, config, ds = _setup()
+    acc = Accelerator(cpu=True)
+    sampler = PackedBatchSampler(samples, cost, layout, config)
+    dl = _loader(acc, sampler, ds)
+    sampler.set_epoch(2)  # the DistributedSampler habit: was epoch 0's batches again
+    got = _keys(dl)
+    assert {e for e, _ in got} == {2} and len(got) == len(sampler)
+    # nobody sets an epoch: accelerate's own counter moves on (epoch 3 after epoch 2)
+    assert {e for e, _ in _keys(dl)} == {3}
+    # a mid-epoch restore made after prepare_loader (was: "set_epoch(0) but the checkpoint...")
+    fresh = PackedBatchSampler(samples, cost, layout, config)
+    dl2 = _loader(acc, fresh, ds)
+    ref = PackedBatchSampler(samples, cost, layout, config)
+    ref.set_epoch(1)
+    state = ref.state_dict()
+    state["position"] = 5
+    fresh.load_state_dict(state)
+    got = _keys(dl2)
+    assert got == [(1, p) for p in range(5, len(fresh))]
+    fresh.set_epoch(2)
+    assert {e for e, _ in _keys(dl2)} == {2}
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_documented_loop_exact_gradient(accumulate):
+    """The docs' loop: step_loss(loss_sum, batch, accelerator) backward, optimizer step at
+    last_in_step; with accelerator.accumulate (gradient_accumulation_steps = microbatches) as
+    well: the first step's gradient is the unpacked reference's (was 1/dp, 1/(dp x GA))."""
+    from accelerate import Accelerator
+    samples, cost, layout, config, ds = _setup(seed=4, global_batch_samples=8)
+    ref = reference_step_grads(tiny_llama(), ds, samples, cost, layout, config, step=0)
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=layout.microbatches if accumulate
+                      else 1)
+    sampler = PackedBatchSampler(samples, cost, layout, config)
+    dl = _loader(acc, sampler, ds)
+    model = tiny_llama()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    grads = None
+    for b in dl:
+        from balancer.integrations.hf import model_inputs
+        inputs = model_inputs(b)
+        labels = inputs.pop("labels")
+        ctx = acc.accumulate(model) if accumulate else (
+            acc.no_sync(model) if not b["last_in_step"] else torch.enable_grad())
+        with ctx:
+            logits = model(**inputs).logits[0]
+            loss_sum = torch.nn.functional.cross_entropy(
+                logits[:-1], labels[0, 1:], ignore_index=-100, reduction="sum")
+            acc.backward(step_loss(loss_sum, b, acc))
+        if b["last_in_step"]:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            break
+    d = max_grad_diff(grads, ref)
+    assert d <= 1e-10, d
