@@ -80,10 +80,11 @@ def _read(f: Path) -> np.ndarray:
     return np.load(f, allow_pickle=False).astype(np.int64)
 
 
-def read_npy(path) -> np.ndarray:
-    """The array of a ``.npy`` file, or a ``ValueError`` naming the file and what is wrong
-    (missing, not a file, not the .npy format or cut short, pickled objects): numpy's own
-    errors (``EOFError``, a message about pickles for a text file) name neither."""
+def read_npy(path, mmap: bool = False) -> np.ndarray:
+    """The array of a ``.npy`` file (``mmap``: memory-mapped read-only, not copied), or a
+    ``ValueError`` naming the file and what is wrong (missing, not a file, not the .npy format
+    or cut short, pickled objects): numpy's own errors (``EOFError``, a message about pickles
+    for a text file) name neither."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{p}: no such file")
@@ -94,7 +95,7 @@ def read_npy(path) -> np.ndarray:
             if f.read(6) != b"\x93NUMPY":
                 raise ValueError(f"{p}: not a .npy file (no NumPy header; "
                                  f"{p.stat().st_size} bytes)")
-        return np.load(p, allow_pickle=False)
+        return np.load(p, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as e:
         if str(e).startswith(str(p)):
             raise

@@ -36,8 +36,16 @@ class PrecomputeJob(NoBoolNumbers):
     """What precompute reads and writes, besides the layout and the planner config."""
 
     model_config = FROZEN
-    lengths: Optional[str] = Field(None, description=".npy lengths file or a workload name")
+    lengths: Optional[str] = Field(None, description=".npy lengths file, a workload name, or "
+                                                     "length shards: a directory, glob or "
+                                                     "comma list of .npy files, or .parquet "
+                                                     "files read through --length-column")
     samples: Optional[int] = Field(None, gt=0, description="resample the lengths to this many")
+    lengths_cache: Optional[str] = Field(None, description="length shards: keep their "
+                                                           "concatenation in this .npy, memory-"
+                                                           "mapped by every rank (page cache "
+                                                           "shared per machine), rewritten when "
+                                                           "a shard changes")
     dataset: Optional[str] = Field(None, description="saved HF dataset directory, or jsonl / "
                                                      "parquet file(s) (comma-separated)")
     length_column: str = Field("length", description="integer column with sample lengths")
@@ -61,6 +69,15 @@ _flag_type = cli_args.flag_type  # one derivation of flags from config fields
 
 
 def _precompute_args(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("Several processes or machines: set --window-samples (the plan depends on it, "
+                "not on the number of processes), put the lengths and --out on a file system "
+                "every machine sees, and start the same command on every machine with "
+                "torchrun --nnodes N --nproc-per-node K --rdzv-backend c10d --rdzv-endpoint "
+                "HOST:PORT -m balancer precompute ...; each rank plans its share of the "
+                "windows and writes its slices, rank 0 writes the manifest. --lengths takes "
+                "length shards (a directory, glob or comma list of .npy, or .parquet files "
+                "with --length-column); --lengths-cache F.npy keeps their concatenation for "
+                "every rank to memory-map. See docs/scale.md.")
     p.add_argument("--config", action="append", default=[],
                    help="YAML file of config values, or a shipped layout by name (dp8-pp4-cp2-7b, "
                         "dp64-32k) (repeatable; flags override it)")
@@ -73,7 +90,8 @@ def _precompute_args(p: argparse.ArgumentParser) -> None:
             g.add_argument("--" + name.replace("_", "-"), dest=name, help=f.description,
                            **_flag_type(f.annotation))
     g = p.add_argument_group("precompute")
-    for name in ("dataset", "length_column", "tokens_column", "num_proc", "epochs", "workers",
+    for name in ("lengths_cache", "dataset", "length_column", "tokens_column", "num_proc",
+                 "epochs", "workers",
                  "out"):
         f = PrecomputeJob.model_fields[name]
         g.add_argument("--" + name.replace("_", "-"), dest=name, help=f.description,
@@ -159,6 +177,17 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
 def load_samples(job: PrecomputeJob, seed: int = 0) -> SampleTable:
     """The sample lengths: a .npy / workload name (resampled with ``samples``), or a dataset."""
     if job.lengths:
+        from ..shards import is_sharded, read_shards
+        if is_sharded(job.lengths):  # a directory / glob / list of .npy or parquet shards
+            lengths = read_shards(job.lengths, job.length_column, cache=job.lengths_cache)
+            if job.samples is not None and job.samples != lengths.shape[0]:
+                lengths = np.random.default_rng(seed).choice(lengths, size=job.samples)
+            return SampleTable(lengths)
+        if job.lengths.endswith(".npy") and job.samples is None:
+            # memory-mapped: the ranks of a machine share the file's pages (no private copy)
+            from packing.validate import as_sizes
+            return SampleTable(as_sizes(workloads.read_npy(job.lengths, mmap=True),
+                                        source=job.lengths))
         return SampleTable(workloads.load(job.lengths, n=job.samples, seed=seed))
     if job.samples is not None:
         raise ValueError("--samples resamples a lengths workload, not a --dataset")
@@ -254,7 +283,7 @@ def _precompute_fixed(args, job, layout, config, cost, dist: bool) -> int:
     if job.workers > 1 and config.window_samples is None and rank == 0:
         print("note: window_samples is not set, so the epoch is one window and --workers has "
               "no effect (set --window-samples; the plan depends on it)", file=sys.stderr)
-    extra = {"source": job.model_dump(mode="json", exclude={"out", "workers"})}
+    extra = {"source": job.model_dump(mode="json", exclude={"out", "workers", "lengths_cache"})}
     out = precompute(samples, cost, layout, config, job.out, epochs=job.epochs,
                      workers=job.workers, overwrite=args.overwrite,
                      progress=sys.stderr.isatty() if args.progress is None else args.progress,
