@@ -77,11 +77,13 @@ def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
 @kernel
 def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget, max_delay,
                           rank_units, lump_tol, lookahead, max_advance, delay_penalty, pp,
-                          entry_item, entry_delay):
+                          topup, entry_item, entry_delay):
     """Fill ``entry_item``/``entry_delay`` (preallocated, length n); returns (entries written,
     mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps).
     ``lump_budget``: the most weight of heavy items a step takes, up to the one crossing it
-    (the step budget when it is below the step's capacity, else unbounded)."""
+    (the step budget when it is below the step's capacity, else unbounded). ``topup``: a step
+    whose packing leaves more than 0.25% of its capacity empty reads fresh items of that weight
+    and is packed again (token budgets of the whole capacity only)."""
     n = sizes.shape[0]
     if rank_units:
         n_units = dp
@@ -349,68 +351,98 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 np_ += 1
                 pos += 1
                 nc += 1
-        # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
-        nc = 0
-        cls = np.empty(np_, dtype=np.int64)
-        ck = np.empty(np_, dtype=np.int64)
-        for k in range(np_):
-            i = pool[k]
-            lump = _is_lump(i, sizes, costs, cpt, thr)
-            d = step - parr[k]
-            if d >= max_delay:
-                c = 0
-            elif lump:
-                if not now[k]:
-                    continue
-                c = 1
-            elif d > 0:
-                c = 2
-            else:
-                c = 3
-            cls[nc] = c
-            ck[nc] = k
-            nc += 1
-        if pos >= n:
-            # the stream is read: what is left goes to the tail (``stream._finish_tail``, only
-            # the microbatches it needs) when too few items or tokens remain for a full step
-            ctok = 0
-            for t in range(nc):
-                ctok += sizes[pool[ck[t]]]
-            if nc < n_bins or ctok <= dp * (m - 1) * capacity:
-                break
-        ccost = np.empty(nc)
-        for t in range(nc):
-            ccost[t] = costs[pool[ck[t]]]
-        o1 = np.empty(nc, dtype=np.int64)
-        _priority_order(cls[:nc], ccost, o1)
-        order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
-        for t in range(nc):
-            order[t] = ck[o1[t]]
-        items = np.empty(nc, dtype=np.int64)
-        for t in range(nc):
-            items[t] = pool[order[t]]
-        bin_tokens[:] = 0
-        bin_cost[:] = 0.0
-        bin_count[:] = 0
-        bin_of = np.empty(nc, dtype=np.int64)
-        _pack_step(items, sizes, costs, n_units, bpu, capacity, bin_of, bin_tokens, bin_cost,
-                   bin_count)
-        # every microbatch gets an item: move the cheapest item of a bin holding two or more
-        for b in range(n_bins):
-            if bin_count[b] == 0:
-                best = -1
+        # ---- pack the step; a step left with holes (heavy items that do not fill its
+        # microbatches: its budget counted them, so no light item was read to fill in) reads
+        # fresh items of the holes' weight and is packed again, once
+        tail_break = False
+        for rnd in range(2):
+            # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
+            nc = 0
+            cls = np.empty(np_, dtype=np.int64)
+            ck = np.empty(np_, dtype=np.int64)
+            for k in range(np_):
+                i = pool[k]
+                lump = _is_lump(i, sizes, costs, cpt, thr)
+                d = step - parr[k]
+                if d >= max_delay:
+                    c = 0
+                elif lump:
+                    if not now[k]:
+                        continue
+                    c = 1
+                elif d > 0:
+                    c = 2
+                else:
+                    c = 3
+                cls[nc] = c
+                ck[nc] = k
+                nc += 1
+            if pos >= n and rnd == 0:
+                # the stream is read: what is left goes to the tail (``stream._finish_tail``, only
+                # the microbatches it needs) when too few items or tokens remain for a full step
+                ctok = 0
                 for t in range(nc):
-                    if bin_of[t] >= 0 and bin_count[bin_of[t]] >= 2:
-                        if best < 0 or costs[items[t]] < costs[items[best]]:
-                            best = t
-                src = bin_of[best]
-                bin_count[src] -= 1
-                bin_tokens[src] -= sizes[items[best]]
-                bin_cost[src] -= costs[items[best]]
-                bin_of[best] = b
-                bin_count[b] += 1
-                bin_tokens[b] += sizes[items[best]]
-                bin_cost[b] += costs[items[best]]
+                    ctok += sizes[pool[ck[t]]]
+                if nc < n_bins or ctok <= dp * (m - 1) * capacity:
+                    tail_break = True
+                    break
+            ccost = np.empty(nc)
+            for t in range(nc):
+                ccost[t] = costs[pool[ck[t]]]
+            o1 = np.empty(nc, dtype=np.int64)
+            _priority_order(cls[:nc], ccost, o1)
+            order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
+            for t in range(nc):
+                order[t] = ck[o1[t]]
+            items = np.empty(nc, dtype=np.int64)
+            for t in range(nc):
+                items[t] = pool[order[t]]
+            bin_tokens[:] = 0
+            bin_cost[:] = 0.0
+            bin_count[:] = 0
+            bin_of = np.empty(nc, dtype=np.int64)
+            _pack_step(items, sizes, costs, n_units, bpu, capacity, bin_of, bin_tokens, bin_cost,
+                       bin_count)
+            # every microbatch gets an item: move the cheapest item of a bin holding two or more
+            for b in range(n_bins):
+                if bin_count[b] == 0:
+                    best = -1
+                    for t in range(nc):
+                        if bin_of[t] >= 0 and bin_count[bin_of[t]] >= 2:
+                            if best < 0 or costs[items[t]] < costs[items[best]]:
+                                best = t
+                    src = bin_of[best]
+                    bin_count[src] -= 1
+                    bin_tokens[src] -= sizes[items[best]]
+                    bin_cost[src] -= costs[items[best]]
+                    bin_of[best] = b
+                    bin_count[b] += 1
+                    bin_tokens[b] += sizes[items[best]]
+                    bin_cost[b] += costs[items[best]]
+            if not topup or rnd == 1 or pos >= n:
+                break
+            hole = n_bins * capacity
+            for b in range(n_bins):
+                hole -= bin_tokens[b]
+            if hole * 400 <= n_bins * capacity:
+                break
+            got = 0
+            while pos < n and got < hole:
+                if max_advance > 0 and taken[pos]:
+                    pos += 1
+                    continue
+                if np_ >= pool.shape[0] or nls >= ls.shape[0]:
+                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
+                lump = _is_lump(pos, sizes, costs, cpt, thr)
+                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
+                if not lump:
+                    got += w[pos]
+                    pos_cum += w[pos]
+                    fluid_w += w[pos]
+                np_ += 1
+                pos += 1
+        if tail_break:
+            break
         # final microbatch order: rank-major, by cost descending inside a rank
         _rank_of_bins(bin_cost, dp, m, rank_units, rank_of)
         key = np.empty(n_bins)

@@ -231,7 +231,11 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     the next ``max_delay + 1`` steps, seeing the lumps that will arrive (``lookahead``), so that
     lumps share steps with similar ones; an item is never held more than ``max_delay`` steps.
     The intake reads until the items going now fill the budget and gives back the end of what it
-    read when lumps arriving with it overfill the step. The step is packed with LPT on cost under
+    read when lumps arriving with it overfill the step. With a token budget of the whole
+    capacity, a step whose packing leaves more than 0.25% of its capacity empty (heavy items the
+    budget counted that do not fill its microbatches, as in the first steps of a heavy-tailed
+    epoch, where the look-ahead reads heavy items early) reads fresh items of the holes' weight
+    and is packed again, once: steps are full to within 0.5 points of the hard limit. The step is packed with LPT on cost under
     the token capacity (:mod:`packing.steppack`), items at their deadline first, then scheduled
     lumps, then light items oldest first. Units are microbatches (``rank_units=False``; then
     spread over ranks by a balanced equal-count partition) or whole DP ranks (``rank_units=True``,
@@ -258,8 +262,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     ne, mb_counts, step_mbs, rest, rest_arr = _plan_balanced_kernel(
         sizes, costs, w, np.int64(dp), np.int64(m), np.int64(capacity), np.int64(budget),
         np.int64(lump_budget), np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
-        np.int64(max_advance if lookahead else 0), float(delay_penalty), np.int64(pp), entry_item,
-        entry_delay)
+        np.int64(max_advance if lookahead else 0), float(delay_penalty), np.int64(pp),
+        bool(weights is None and budget >= dp * m * capacity), entry_item, entry_delay)
     if rest.shape[0] == 0:  # the kernel emitted every item: no tail to finish, no re-split
         offsets = np.zeros(mb_counts.shape[0] + 1, dtype=np.int64)
         np.cumsum(mb_counts, out=offsets[1:])

@@ -36,7 +36,32 @@ SUITE = [
      dict(dp=4, pp=2, cp=2, microbatches=4, capacity=65536), dict(over_length="chunk")),
     ("bimodal SFT (synthetic), 16 DP x 8 microbatches, 16K", "bimodal-sft", 500_000,
      dict(dp=16, pp=1, microbatches=8, capacity=16384), dict(over_length="chunk")),
+    ("pareto heavy tail (synthetic, to 4x capacity), 8 DP x 5 microbatches, 128K, chunked",
+     "pareto", None, dict(dp=8, pp=1, microbatches=5, capacity=131072),
+     dict(over_length="chunk")),
+    ("lognormal-4k (synthetic), 8 DP x 4 microbatches, 128K, chunked", "lognormal-4k", None,
+     dict(dp=8, pp=1, microbatches=4, capacity=131072), dict(over_length="chunk")),
 ]
+
+
+def add_efficiency_limit(res: dict, plans: dict) -> None:
+    """Per strategy: ``efficiency_hard_limit`` (tokens over the fewest microbatches that can hold
+    them: ceil(tokens / capacity) rounded up to a multiple of dp, times the capacity) and
+    ``efficiency_gap_points`` (100 x (hard limit - packing efficiency))."""
+    for s, plan in plans.items():
+        lay = plan.layout
+        tokens = int(plan.entry_length.sum())
+        fewest = -(-(-(-tokens // lay.capacity)) // lay.dp) * lay.dp
+        limit = tokens / (fewest * lay.capacity) if fewest else 1.0
+        row = res["strategies"][s]
+        row["efficiency_hard_limit"] = limit
+        row["efficiency_gap_points"] = 100 * (limit - row["packing_efficiency"])
+
+
+def format_efficiency(res: dict) -> str:
+    return "efficiency / hard limit (gap, points): " + ", ".join(
+        f"{s} {v['packing_efficiency']:.4f} / {v['efficiency_hard_limit']:.4f} "
+        f"({v['efficiency_gap_points']:.2f})" for s, v in res["strategies"].items())
 
 
 def speed(n: int, dp: int, m: int, capacity: int, repeats: int,
@@ -138,8 +163,9 @@ def _main(args) -> int:
         res, plans = compare(SampleTable(lengths), cost, layout, config, names,
                              repeats=args.repeats)
         add_fixed_mode_figures(res, plans, lengths, cp_model)
+        add_efficiency_limit(res, plans)
         res["title"] = args.lengths
-        print(format_table(res), flush=True)
+        print(format_table(res) + "\n" + format_efficiency(res), flush=True)
         results.append(res)
     else:
         cost = load_cost_model(args.cost_model)
@@ -152,10 +178,12 @@ def _main(args) -> int:
             layout = Layout(**lay)
             config = PlannerConfig(seed=args.seed, **cfg)
             warmup(["fixed"])
-            res, _ = compare(SampleTable(lengths), cost, layout, config, names,
-                             repeats=args.repeats)
+            res, plans = compare(SampleTable(lengths), cost, layout, config, names,
+                                 repeats=args.repeats)
+            add_efficiency_limit(res, plans)
             res["title"] = title
-            print(f"\n== {title}\n" + format_table(res), flush=True)
+            print(f"\n== {title}\n" + format_table(res) + "\n" + format_efficiency(res),
+                  flush=True)
             results.append(res)
         if args.speed_samples:
             sp = speed(args.speed_samples, 64, 4, 32768, args.repeats, args.speed_cost_model)

@@ -27,6 +27,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     above ``lump_tol`` of a unit's light-item cost) are scheduled by :mod:`packing.delay` over
     the next ``max_delay + 1`` steps, seeing the lumps that will arrive (``lookahead``), so that
     lumps share steps with similar ones; an item is never held more than ``max_delay`` steps.
+    With a token budget of the whole capacity, a step whose packing leaves more than 0.25% of
+    its capacity empty reads fresh items of the holes' weight and is packed again, once.
     The step is packed with LPT on cost under the token capacity (``pack_step``), items at their
     deadline first, then scheduled lumps, then light items oldest first. Units are microbatches
     (``rank_units=False``; then spread over ranks by balanced equal-count partition) or whole DP
@@ -45,6 +47,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     cumf = np.cumsum(np.where(is_lump, 0, w))
     horizon = max_delay + 1
     lump_budget = budget if weights is None and budget < dp * m * capacity else 1 << 62
+    topup = weights is None and budget >= dp * m * capacity
     builder = Steps(dp)
     taken = np.zeros(n, bool)
     pull = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # look-ahead lumps to read now, est
@@ -150,20 +153,43 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             pool = np.concatenate([pool, rd])
             arr = np.concatenate([arr, np.full(rd.shape[0], step, np.int64)])
             now = np.concatenate([now, np.ones(rd.shape[0], bool)])
-        delay = step - arr
-        forced = delay >= max_delay
-        emit = forced | ~is_lump[pool] | now
-        cand_idx = np.flatnonzero(emit)
-        if pos >= n and (cand_idx.shape[0] < dp * m
-                         or int(sizes[pool[cand_idx]].sum()) <= dp * (m - 1) * capacity):
-            break  # the stream is read and what is left is no full step: the tail takes it
-        cand = pool[cand_idx]
-        cls = np.where(forced[cand_idx], 0,
-                       np.where(is_lump[cand], 1, np.where(delay[cand_idx] > 0, 2, 3)))
-        o = np.lexsort((-costs[cand], cls))
-        cand, cand_idx = cand[o], cand_idx[o]
-        out, counts, idx, rest = pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
-                                            True, pp)
+        # pack the step; a step left with more than 0.25% of its capacity empty (heavy items
+        # its budget counted that do not fill its microbatches) reads fresh items of the
+        # holes' weight (lumps among them wait in the pool) and is packed again, once
+        to_tail = False
+        for rnd in range(2):
+            delay = step - arr
+            forced = delay >= max_delay
+            emit = forced | ~is_lump[pool] | now
+            cand_idx = np.flatnonzero(emit)
+            if rnd == 0 and pos >= n and (
+                    cand_idx.shape[0] < dp * m
+                    or int(sizes[pool[cand_idx]].sum()) <= dp * (m - 1) * capacity):
+                to_tail = True  # the stream is read and what is left is no full step
+                break
+            cand = pool[cand_idx]
+            cls = np.where(forced[cand_idx], 0,
+                           np.where(is_lump[cand], 1, np.where(delay[cand_idx] > 0, 2, 3)))
+            o = np.lexsort((-costs[cand], cls))
+            cand, cand_idx = cand[o], cand_idx[o]
+            out, counts, idx, rest = pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
+                                                True, pp)
+            hole = dp * m * capacity - int(sizes[out].sum())
+            if not topup or rnd == 1 or pos >= n or hole * 400 <= dp * m * capacity:
+                break
+            rd, got = [], 0
+            while pos < n and got < hole:
+                if not taken[pos]:
+                    rd.append(pos)
+                    if not is_lump[pos]:
+                        got += int(w[pos])
+                pos += 1
+            rd = np.asarray(rd, dtype=np.int64)
+            pool = np.concatenate([pool, rd])
+            arr = np.concatenate([arr, np.full(rd.shape[0], step, np.int64)])
+            now = np.concatenate([now, np.zeros(rd.shape[0], bool)])
+        if to_tail:
+            break  # the tail takes what is left
         builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
         keep = np.ones(pool.shape[0], bool)
         keep[cand_idx[idx]] = False
