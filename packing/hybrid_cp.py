@@ -97,6 +97,9 @@ class HybridPlan(NamedTuple):
     n_ranks: int
     rank_capacity: int
     documents_cut: int
+    #: steps planned by Megatron-LM's rule instead because it was estimated faster there
+    #: (:func:`balancer.strategies.hybrid.plan_hybrid`); not stored with the plan
+    megatron_steps: int = 0
 
     @property
     def n_rounds(self) -> int:
@@ -309,6 +312,7 @@ def concat_plans(plans) -> HybridPlan:
     rg, go, gs, ge, ei, eo, idoc, ist, ilen = [], [], [], [], [], [], [], [], []
     r0 = g0 = e0 = i0 = 0
     cut = 0
+    meg = 0
     for p in plans:
         if p.n_ranks != P:
             raise ValueError(f"plans of {p.n_ranks} and {P} ranks cannot be concatenated")
@@ -328,10 +332,43 @@ def concat_plans(plans) -> HybridPlan:
         e0 += p.entry_item.shape[0]
         i0 += p.item_doc.shape[0]
         cut += p.documents_cut
+        meg += p.megatron_steps
     cat = np.concatenate
     return HybridPlan(np.asarray(step_rounds, np.int64), cat(rg + [np.array([g0])]), cat(go),
                       cat(gs), cat(ge + [np.array([e0])]), cat(ei), cat(eo), cat(idoc), cat(ist),
-                      cat(ilen), P, cap, cut)
+                      cat(ilen), P, cap, cut, meg)
+
+
+def rank_tokens(plan: HybridPlan, tokens) -> np.ndarray:
+    """int64[R, P]: the tokens every rank holds in every round, ``tokens`` int64[N, K] the
+    items' per-rank tokens on groups of ``2^k`` ranks (a sharded item counts its share on
+    every rank of its group, a whole one on its owner)."""
+    tokens = np.asarray(tokens)
+    P = plan.n_ranks
+    g_of = plan.group_of_entry()
+    gsz = plan.group_size[g_of]
+    own, ent = plan.entry_owner, plan.entry_item
+    k = np.log2(gsz).astype(np.int64)
+    per = np.where(own < 0, tokens[ent, k], tokens[ent, 0])
+    rnd = plan.round_of_group()[g_of]
+    first = plan.group_offset[g_of]
+    sh = own < 0
+    out = np.zeros((plan.n_rounds, P + 1), dtype=np.int64)
+    np.add.at(out, (rnd[sh], first[sh]), per[sh])
+    np.add.at(out, (rnd[sh], first[sh] + gsz[sh]), -per[sh])
+    out = np.cumsum(out, axis=1)[:, :P]
+    np.add.at(out, (rnd[~sh], first[~sh] + own[~sh]), per[~sh])
+    return out
+
+
+def runnable(plan: HybridPlan, tokens) -> bool:
+    """Whether a trainer of this package can run ``plan`` as it is: every group an aligned
+    power of two (its process group pre-created) and no rank over ``rank_capacity`` tokens in
+    any round (``tokens`` as :func:`rank_tokens`). Megatron-LM's rule meets neither always."""
+    s, o = plan.group_size, plan.group_offset
+    if ((s & (s - 1)) != 0).any() or (o % s != 0).any():
+        return False
+    return bool(rank_tokens(plan, tokens).max(initial=0) <= plan.rank_capacity)
 
 
 def check_plan(plan: HybridPlan, tokens=None, *, aligned: bool = True) -> None:
@@ -367,4 +404,5 @@ def check_plan(plan: HybridPlan, tokens=None, *, aligned: bool = True) -> None:
         assert rank_tok.max(initial=0) <= plan.rank_capacity, rank_tok.max()
 
 
-__all__ = ["HybridPlan", "assemble", "check_plan", "concat_plans", "plan_batch", "shelf_cost"]
+__all__ = ["HybridPlan", "assemble", "check_plan", "concat_plans", "plan_batch", "rank_tokens",
+           "runnable", "shelf_cost"]

@@ -8,6 +8,17 @@ Documents are never cut unless ``over_length="chunk"`` and a document is longer 
 aligned group holds. Plans are :class:`packing.hybrid_cp.HybridPlan` (see there for the CSR
 layout); an item is a document, or a piece ``[item_start, item_start + item_length)`` of
 document ``item_doc``. Knobs: ``over_length`` (older name: ``over_limit``).
+
+A global batch of at most one round of the pool's tokens (``n_ranks x rank_capacity``: the
+run-time and RL path's single batches) is never planned slower than Megatron-LM's rule would
+plan it: :func:`plan_hybrid` also plans it by that rule (:mod:`.megatron_hybrid`) and keeps that
+plan where its estimated step time (:func:`step_time`) is lower and a trainer here can run it
+(aligned groups, no rank over its tokens: :func:`packing.hybrid_cp.runnable`), counted in
+``HybridPlan.megatron_steps``. Larger batches are not compared: Megatron's rule bounds only
+each document's share of a rank's memory (every document runs its own pass there), so it packs
+them into rounds no trainer here can run (prolong at 64 ranks x 4 rounds of 32K: one round of
+5x a rank's capacity), and planning it costs O(documents x ranks) of Python (about 30x the
+hybrid planner on a 2,700-document batch).
 """
 from __future__ import annotations
 
@@ -16,11 +27,12 @@ from typing import Callable, Literal, Optional
 
 import numpy as np
 
-from packing.hybrid_cp import HybridPlan, concat_plans, plan_batch
+from packing.hybrid_cp import HybridPlan, concat_plans, plan_batch, runnable
 from packing.validate import as_sizes
 
 from ..config import renamed
 from ..cost.cp import CPCostModel, CPCostTable
+from . import registry
 from .registry import register
 
 OverLimit = Literal["error", "chunk"]
@@ -60,18 +72,81 @@ def _largest_group(n_ranks: int) -> int:
 
 
 
+# ---- the estimate of one step ----------------------------------------------------------------
+def step_time(plan: HybridPlan, table: CPCostTable) -> float:
+    """Estimated time of a one-step ``plan`` whose items are the rows of ``table``: the sum
+    over rounds of the slowest rank's compute plus exposed exchange (every sharded item its own
+    exchange), plus the round constant on every rank that runs something. The same figure, in
+    the same arithmetic, as ``balancer.planning.hybrid.estimate(plan, ...).step_time``."""
+    P, R = plan.n_ranks, plan.n_rounds
+    comp = np.zeros((R, P))
+    expo = np.zeros((R, P))
+    busy = np.zeros((R, P), dtype=bool)
+    g_of = plan.group_of_entry()
+    size = plan.group_size[g_of]
+    off = plan.group_offset[g_of]
+    rnd = plan.round_of_group()[g_of]
+    it, own = plan.entry_item, plan.entry_owner
+    sh = own < 0
+    whole = ~sh
+    k_eff = np.where(sh, np.log2(size).astype(np.int64), 0)
+    c_e = table.compute[it, k_eff]
+    x_e = table.exposed[it, k_eff]
+    np.add.at(comp, (rnd[whole], off[whole] + own[whole]), c_e[whole])
+    np.add.at(expo, (rnd[whole], off[whole] + own[whole]), x_e[whole])
+    busy[rnd[whole], off[whole] + own[whole]] = True
+    if sh.any():
+        dc = np.zeros((R, P + 1))
+        dx = np.zeros((R, P + 1))
+        db = np.zeros((R, P + 1), dtype=np.int64)
+        np.add.at(dc, (rnd[sh], off[sh]), c_e[sh])
+        np.add.at(dc, (rnd[sh], off[sh] + size[sh]), -c_e[sh])
+        np.add.at(dx, (rnd[sh], off[sh]), x_e[sh])
+        np.add.at(dx, (rnd[sh], off[sh] + size[sh]), -x_e[sh])
+        np.add.at(db, (rnd[sh], off[sh]), 1)
+        np.add.at(db, (rnd[sh], off[sh] + size[sh]), -1)
+        comp += np.maximum(np.cumsum(dc, axis=1)[:, :P], 0.0)
+        expo += np.maximum(np.cumsum(dx, axis=1)[:, :P], 0.0)
+        busy |= np.cumsum(db, axis=1)[:, :P] > 0
+    load = comp + expo + table.round_constant * busy
+    return float((load.max(axis=1) if R else np.zeros(0)).sum())
+
+
+def _megatron_if_faster(plan: HybridPlan, lengths, model: CPCostModel, n_ranks: int,
+                        table: CPCostTable) -> HybridPlan:
+    """``plan``, or Megatron-LM's plan of the same documents (none cut) where it is estimated
+    faster and runnable here (counted in ``megatron_steps``)."""
+    P = int(n_ranks)
+    if (plan.documents_cut or P & (P - 1) or lengths.shape[0] == 0
+            or int(lengths.sum()) > P * model.rank_capacity):   # see the module docstring
+        return plan
+    # by its registry name: megatron_hybrid builds on this module (one global batch: the budget
+    # is the batch's tokens)
+    rule = registry.get("megatron_hybrid", "hybrid")
+    alt, _ = rule(lengths, model, P, int(lengths.sum()),
+                  registry.configure("hybrid", strategy="megatron_hybrid"))
+    if alt.documents_cut or not runnable(alt, table.tokens):
+        return plan
+    if step_time(alt, table) < step_time(plan, table):
+        return alt._replace(megatron_steps=1)
+    return plan
+
+
 # ---- planners ---------------------------------------------------------------------------------
 @renamed(over_limit="over_length")
 def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_length: OverLimit = "error",
                 candidates: int = 2, local_search: int = 64,
-                table: Optional[CPCostTable] = None) -> HybridPlan:
+                table: Optional[CPCostTable] = None, megatron: bool = True) -> HybridPlan:
     """Hybrid plan of one global batch (``lengths``: its documents) on ``n_ranks`` ranks.
 
     A document longer than the largest aligned group holds (``model.doc_limit(g)``, ``g`` the
     largest power of two <= n_ranks) is an error naming it, or with ``over_length="chunk"``
     (older name: ``over_limit``) is cut into pieces of that limit (counted in
     ``documents_cut``). ``table`` may pass the documents' cost table already computed (no cut
-    documents then)."""
+    documents then). ``megatron``: where the batch holds at most ``n_ranks x rank_capacity``
+    tokens and Megatron-LM's rule plans it faster (estimated) and runnably, that plan is
+    returned instead (``megatron_steps`` 1; see the module docstring); False: the hybrid
+    planner's plan always."""
     lengths = as_sizes(lengths)
     g = _largest_group(n_ranks)
     limit = model.doc_limit(g)
@@ -83,7 +158,8 @@ def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_length: OverL
     plan = plan_batch(table.time, table.tokens, model.rank_capacity, n_ranks,
                       candidates=candidates, local_search=local_search, doc_ids=doc,
                       lengths=length)
-    return plan._replace(item_start=start, documents_cut=cut)
+    plan = plan._replace(item_start=start, documents_cut=cut)
+    return _megatron_if_faster(plan, lengths, model, n_ranks, table) if megatron else plan
 
 
 # ---- the stream: consecutive global batches ----------------------------------------------------
@@ -130,4 +206,5 @@ def plan(lengths, cost, n_ranks, budget, config):
     return plan_batches(lengths, budget, one)
 
 
-__all__ = ["OverLimit", "cut_documents", "global_batches", "plan_batches", "plan_hybrid"]
+__all__ = ["OverLimit", "cut_documents", "global_batches", "plan_batches", "plan_hybrid",
+           "step_time"]

@@ -98,6 +98,8 @@ def summarize(plan: HybridPlan, model: CPCostModel, lengths: np.ndarray,
     block = {
         **cov,
         "documents_cut": e.documents_cut,
+        # global batches planned by Megatron-LM's rule, estimated faster there (hybrid only)
+        "megatron_steps": int(plan.megatron_steps),
         "attention_removed": e.attention_removed,
         "exposed_comm_fraction": e.exposed_comm_fraction,
         "est_step_time_total": e.step_time,
