@@ -29,3 +29,12 @@ def test_dataset_errors():
         SampleTable.from_dataset(datasets.Dataset.from_dict({"text": ["a"]}))
     with pytest.raises(ValueError, match="sample 1: length 0"):
         SampleTable.from_dataset(datasets.Dataset.from_dict({"input_ids": [[1], []]}))
+
+
+def test_fingerprint_is_the_sha256_of_the_int64_bytes(tmp_path):
+    import hashlib
+    a = np.random.default_rng(4).integers(1, 10**6, (1 << 22) + 17)
+    want = hashlib.sha256(a.astype("<i8").tobytes()).hexdigest()[:16]
+    assert SampleTable(a).fingerprint() == want  # hashed in blocks: the same digest
+    np.save(tmp_path / "a.npy", a)
+    assert SampleTable.from_npy(tmp_path / "a.npy").fingerprint() == want
