@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-# the Hub kernels (causal_conv1d, ...) are not counted, and break FlopCounterMode's module
-# tracker under no_grad: the torch implementations are what this counts
+# no Hub kernels (causal_conv1d, fla, ...): the torch reference implementations are what
+# this counts
 os.environ.setdefault("USE_HUB_KERNELS", "0")
 
 import numpy as np  # noqa: E402
@@ -85,7 +85,9 @@ def build(config: dict):
     # kernels are not counted, or compute every expert)
     model = AutoModelForCausalLM.from_config(hf, attn_implementation="count",
                                              experts_implementation="eager")
-    return model.eval()
+    # no parameter needs a gradient: FlopCounterMode's module tracker hooks fail on the
+    # hub-kernel wrapped modules (Qwen3-Next's) when parameters require grad under no_grad
+    return model.eval().requires_grad_(False)
 
 
 def forward_flops(model, lengths) -> tuple[int, int]:
