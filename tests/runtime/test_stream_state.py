@@ -85,3 +85,44 @@ def test_a_good_state_still_resumes_exactly():
         ds = make()
         ds.load_state_dict(copy.deepcopy(st))
         assert [b["sample_ids"].tolist() for b in ds] == full[k:]
+
+
+def _swapped_states(rank, world, out):
+    """Each rank saves its state after one microbatch, then loads the other rank's."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    def mk():
+        rows = ListRows([5 + 7 * rank, 30, 12, 60, 7, 44, 9, 3, 50, 21, 8, 16])
+        return StreamingPackedDataset(rows, CostModel.quadratic(128),
+                                      Layout(dp=world, microbatches=2, capacity=CAP),
+                                      id_column="id")
+    ds = mk()
+    it = iter(ds)
+    next(it)
+    st = ds.state_dict()
+    states = [None] * world
+    dist.all_gather_object(states, st)
+    r = mk()
+    r.load_state_dict(copy.deepcopy(states[(rank + 1) % world]))
+    try:
+        list(r)
+        msg = None
+    except ValueError as e:
+        msg = str(e)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"rank": st["rank"], "msg": msg}))
+
+
+@pytest.mark.slow
+def test_ranks_loading_each_others_state_all_raise_none_hangs(tmp_path):
+    import json
+
+    from tests.common.gloo import run_ranks
+    run_ranks(_swapped_states, 2, tmp_path, timeout_s=240)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [g["rank"] for g in got] == [0, 1]
+    for r, g in enumerate(got):
+        assert g["msg"] is not None and f"taken on rank {1 - r} of a world size 2 but this " \
+            f"process is rank {r}" in g["msg"], g
