@@ -1,77 +1,22 @@
 """The ``balanced`` whole-epoch planner as one compiled loop (see :func:`packing.stream.
 plan_balanced` for the policy). Python only prepares arrays and finishes the epoch's tail; the
-step loop, intake, outlier scheduling, step packing, rank placement and CSR assembly all run here,
-so a step costs microseconds and the planner allocates O(1) bytes per sample beyond its output.
+step loop, intake, outlier scheduling, step packing, rank placement and CSR assembly all run
+compiled, so a step costs microseconds and the planner allocates O(1) bytes per sample beyond
+its output. By phase: the intake and outlier scheduling are here; the pool of items read but not
+placed is :mod:`packing.balanced_pool`; a packed step's empty-bin fix, microbatch order and
+entries are :mod:`packing.balanced_step`.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ._jit import kernel
+from .balanced_pool import _compact_pool, _grow, _grow_pool, _is_lump, _pool_add
+from .balanced_step import _bin_positions, _emit_step, _fill_empty_bins, _new_scratch
 from .delay import _schedule_lumps
-from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
-from .pipeline import _pipeline_order
 from .steppack import _pack_step, _priority_order
 
 _CHUNK = 1024  # pool slots made room for at once by the intake
-
-
-@kernel
-def _grow(a, need):
-    if need <= a.shape[0]:
-        return a
-    cap = a.shape[0] * 2
-    while cap < need:
-        cap *= 2
-    b = np.empty(cap, dtype=a.dtype)
-    b[:a.shape[0]] = a
-    return b
-
-
-@kernel
-def _is_lump(i, sizes, costs, cpt, thr):
-    return costs[i] - sizes[i] * cpt > thr
-
-
-@kernel
-def _grow_pool(pool, parr, now, ls, need, need_ls):
-    """The pool arrays with room for ``need`` items, ``ls`` for ``need_ls`` lump slots
-    (doubled until they fit)."""
-    return _grow(pool, need), _grow(parr, need), _grow(now, need), _grow(ls, need_ls)
-
-
-@kernel
-def _pool_add(pool, parr, now, ls, np_, nls, i, arrival, going, lump):
-    """Put stream item ``i`` in pool slot ``np_`` (the arrays have room: :func:`_grow_pool`),
-    arrived at step ``arrival``; a lump's slot joins ``ls``. Returns the new lump count."""
-    pool[np_] = i
-    parr[np_] = arrival
-    now[np_] = going
-    if lump:
-        ls[nls] = np_
-        return nls + 1
-    return nls
-
-
-@kernel
-def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
-    """Rank of every bin: consecutive for rank units, else the better of LPT and KK equal-count
-    partitions of the bin costs, each refined by swaps."""
-    nb = bin_cost.shape[0]
-    if rank_units or dp == 1:
-        for b in range(nb):
-            rank_out[b] = b // m
-        return
-    g1 = np.empty(nb, dtype=np.int64)
-    g2 = np.empty(nb, dtype=np.int64)
-    _lpt_equal(bin_cost, dp, g1)
-    _refine_swaps(bin_cost, g1, dp, 4 * dp + 16)
-    _kk(bin_cost, dp, True, g2)
-    _refine_swaps(bin_cost, g2, dp, 4 * dp + 16)
-    if _group_loads(bin_cost, g2, dp).max() < _group_loads(bin_cost, g1, dp).max():
-        rank_out[:] = g2
-    else:
-        rank_out[:] = g1
 
 
 @kernel
@@ -131,13 +76,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     bin_tokens = np.zeros(n_bins, dtype=np.int64)
     bin_cost = np.zeros(n_bins)
     bin_count = np.zeros(n_bins, dtype=np.int64)
-    rank_of = np.empty(n_bins, dtype=np.int64)
-    bin_pos = np.empty(n_bins, dtype=np.int64)
-    rank_bins = np.empty(m, dtype=np.int64)
-    rank_fill = np.empty(dp, dtype=np.int64)
-    by_rank = np.empty(n_bins, dtype=np.int64)
-    rank_cost = np.empty(m)
-    rank_perm = np.empty(m, dtype=np.int64)
+    scratch = _new_scratch(dp, m)
     mb_counts = np.empty(1024, dtype=np.int64)
     step_mbs = np.empty(64, dtype=np.int64)
     taken = np.zeros(n if max_advance > 0 else 0, dtype=np.bool_)  # read ahead of their turn
@@ -403,22 +342,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             bin_of = np.empty(nc, dtype=np.int64)
             _pack_step(items, sizes, costs, n_units, bpu, capacity, bin_of, bin_tokens, bin_cost,
                        bin_count)
-            # every microbatch gets an item: move the cheapest item of a bin holding two or more
-            for b in range(n_bins):
-                if bin_count[b] == 0:
-                    best = -1
-                    for t in range(nc):
-                        if bin_of[t] >= 0 and bin_count[bin_of[t]] >= 2:
-                            if best < 0 or costs[items[t]] < costs[items[best]]:
-                                best = t
-                    src = bin_of[best]
-                    bin_count[src] -= 1
-                    bin_tokens[src] -= sizes[items[best]]
-                    bin_cost[src] -= costs[items[best]]
-                    bin_of[best] = b
-                    bin_count[b] += 1
-                    bin_tokens[b] += sizes[items[best]]
-                    bin_cost[b] += costs[items[best]]
+            _fill_empty_bins(items, sizes, costs, bin_of, bin_tokens, bin_cost, bin_count)
             if not topup or rnd == 1 or pos >= n:
                 break
             hole = n_bins * capacity
@@ -443,68 +367,16 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 pos += 1
         if tail_break:
             break
-        # final microbatch order: rank-major, by cost descending inside a rank
-        _rank_of_bins(bin_cost, dp, m, rank_units, rank_of)
-        key = np.empty(n_bins)
-        for b in range(n_bins):
-            key[b] = -bin_cost[b]
-        ob = np.argsort(key, kind="mergesort")
-        # bins of every rank in ``ob`` order (a counting sort by rank; m bins per rank)
-        for rr in range(dp):
-            rank_fill[rr] = 0
-        for q in range(n_bins):
-            rr = rank_of[ob[q]]
-            by_rank[rr * m + rank_fill[rr]] = ob[q]
-            rank_fill[rr] += 1
-        for rr in range(dp):
-            t0 = rr * m
-            for q in range(m):
-                rank_bins[q] = by_rank[t0 + q]
-            if pp > 1:  # a 1F1B-friendly order of the rank's microbatches
-                for q in range(m):
-                    rank_cost[q] = bin_cost[rank_bins[q]]
-                _pipeline_order(rank_cost, pp, 8, rank_perm)
-                for q in range(m):
-                    bin_pos[rank_bins[rank_perm[q]]] = t0 + q
-            else:
-                for q in range(m):
-                    bin_pos[rank_bins[q]] = t0 + q
-        # counting sort of placed items by microbatch position
-        start = np.zeros(n_bins + 1, dtype=np.int64)
+        # final microbatch order (rank-major, cost descending inside a rank, 1F1B with pp > 1)
+        # and the step's entries
+        _bin_positions(bin_cost, dp, m, rank_units, pp, scratch)
         mb_counts = _grow(mb_counts, nmb + n_bins)
         step_mbs = _grow(step_mbs, step + 1)
-        for t in range(nc):
-            if bin_of[t] >= 0:
-                start[bin_pos[bin_of[t]] + 1] += 1
-        for b in range(n_bins):
-            mb_counts[nmb + b] = start[b + 1]
-            start[b + 1] += start[b]
         placed = np.zeros(np_, dtype=np.bool_)
-        for t in range(nc):
-            if bin_of[t] >= 0:
-                p = bin_pos[bin_of[t]]
-                entry_item[ne + start[p]] = items[t]
-                entry_delay[ne + start[p]] = step - parr[order[t]]
-                start[p] += 1
-                placed[order[t]] = True
-        ne += start[n_bins - 1] if n_bins > 0 else 0
+        ne += _emit_step(items, order, bin_of, parr, step, scratch.pos, entry_item[ne:],
+                         entry_delay[ne:], mb_counts[nmb:nmb + n_bins], placed)
         nmb += n_bins
         step_mbs[step] = m
         step += 1
-        # compact the pool; rebuild the lump slots and the light weight
-        j = 0
-        nls = 0
-        fluid_w = 0
-        for k in range(np_):
-            if not placed[k]:
-                i = pool[k]
-                pool[j] = i
-                parr[j] = parr[k]
-                if _is_lump(i, sizes, costs, cpt, thr):
-                    ls[nls] = j
-                    nls += 1
-                else:
-                    fluid_w += w[i]
-                j += 1
-        np_ = j
+        np_, nls, fluid_w = _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr)
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()

@@ -1,0 +1,67 @@
+"""The ``balanced`` planner's pool of items read but not yet placed (state kept across steps):
+slots of stream indices (int64), their arrival steps (int64, minus the steps read early for a
+look-ahead lump), a going-now flag (bool) and the slots holding heavy items ("lumps"), grown by
+doubling; and the compaction that drops the items a step placed."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+
+@kernel
+def _grow(a, need):
+    if need <= a.shape[0]:
+        return a
+    cap = a.shape[0] * 2
+    while cap < need:
+        cap *= 2
+    b = np.empty(cap, dtype=a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@kernel
+def _is_lump(i, sizes, costs, cpt, thr):
+    return costs[i] - sizes[i] * cpt > thr
+
+
+@kernel
+def _grow_pool(pool, parr, now, ls, need, need_ls):
+    """The pool arrays with room for ``need`` items, ``ls`` for ``need_ls`` lump slots
+    (doubled until they fit)."""
+    return _grow(pool, need), _grow(parr, need), _grow(now, need), _grow(ls, need_ls)
+
+
+@kernel
+def _pool_add(pool, parr, now, ls, np_, nls, i, arrival, going, lump):
+    """Put stream item ``i`` in pool slot ``np_`` (the arrays have room: :func:`_grow_pool`),
+    arrived at step ``arrival``; a lump's slot joins ``ls``. Returns the new lump count."""
+    pool[np_] = i
+    parr[np_] = arrival
+    now[np_] = going
+    if lump:
+        ls[nls] = np_
+        return nls + 1
+    return nls
+
+
+@kernel
+def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr):
+    """Drop the slots a step placed (``placed`` bool[np_]), keeping pool order; rebuild the lump
+    slots ``ls`` and the light weight. Returns (items left, lumps among them, their light
+    weight)."""
+    j = 0
+    nls = 0
+    fluid_w = 0
+    for k in range(np_):
+        if not placed[k]:
+            i = pool[k]
+            pool[j] = i
+            parr[j] = parr[k]
+            if _is_lump(i, sizes, costs, cpt, thr):
+                ls[nls] = j
+                nls += 1
+            else:
+                fluid_w += w[i]
+            j += 1
+    return j, nls, fluid_w
