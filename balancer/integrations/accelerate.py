@@ -54,11 +54,13 @@ def prepare_loader(accelerator, loader, device_placement=None):
     if device_placement is None:
         device_placement = accelerator.device_placement
     sampler = loader.batch_sampler
-    follow = _FollowSampler(sampler)
-    # the same loader with the sampler behind a thin wrapper that decides which epoch a pass
-    # serves (DataLoader refuses to set batch_sampler after construction: copy, then set)
-    loader = copy.copy(loader)
-    object.__setattr__(loader, "batch_sampler", follow)
+    follow = None
+    if hasattr(sampler, "epoch") and callable(getattr(sampler, "set_epoch", None)):
+        follow = _FollowSampler(sampler)
+        # the same loader with the sampler behind a thin wrapper that decides which epoch a
+        # pass serves (DataLoader refuses to set batch_sampler after construction: copy, set)
+        loader = copy.copy(loader)
+        object.__setattr__(loader, "batch_sampler", follow)
     prepared = prepare_data_loader(
         loader, accelerator.device, num_processes=1, process_index=0, split_batches=False,
         put_on_device=device_placement, rng_types=None, dispatch_batches=False,
@@ -66,8 +68,9 @@ def prepare_loader(accelerator, loader, device_placement=None):
         use_stateful_dataloader=getattr(accelerator, "use_stateful_dataloader", False))
     # DataLoaderShard calls batch_sampler.set_epoch(self.iteration) at every __iter__: start it at
     # the sampler's epoch; _FollowSampler keeps the two in step afterwards
-    prepared.iteration = follow.applied = int(getattr(sampler, "epoch", 0))
-    follow.loader = prepared
+    prepared.iteration = int(getattr(sampler, "epoch", 0))
+    if follow is not None:
+        follow.applied, follow.loader = prepared.iteration, prepared
     if hasattr(accelerator, "_dataloaders"):
         accelerator._dataloaders.append(prepared)
     return prepared
