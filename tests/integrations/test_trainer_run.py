@@ -104,7 +104,6 @@ def test_max_steps_crossing_epochs(tmp_path, extra):
     samples, cost, layout, config, _ = _workload()
     planned = _planned(samples, cost, layout, config, epochs=3)
     n0, n1 = (len(_planned(samples, cost, layout, config, epochs=k)) for k in (1, 2))
-    assert (n0, n1 - n0) == (9, 8)
     max_steps = n1 + extra  # -1: inside epoch 1, 0: its end, 3: into epoch 2
     tr, w = _trainer(tmp_path, max_steps=max_steps)
     cuts = _step_recorder(tr)
@@ -168,7 +167,8 @@ def test_evaluate_during_training(tmp_path):
     tr.train()
     assert _trained(tr, cuts) == _planned(*w[:4], epochs=2)
     evals = [h for h in tr.state.log_history if "eval_loss" in h]
-    assert len(evals) == 17 // 4 + 1  # every 4 steps of 9 + 8, and the run's last step
+    n = len(_planned(*w[:4], epochs=2))
+    assert len(evals) == n // 4 + (n % 4 > 0)  # every 4 steps, and the run's last step
 
 
 # ---- resume_from_checkpoint mid-epoch ---------------------------------------------------------
