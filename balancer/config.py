@@ -63,6 +63,10 @@ class Layout(NoBoolNumbers):
             raise ValueError(f"dp x microbatches x capacity = {self.dp} x {self.microbatches} x "
                              f"{self.capacity} = {step} tokens per step exceeds the limit "
                              f"2**52 ({MAX_STEP_TOKENS})")
+        if self.dp * self.microbatches > MAX_COUNT:   # arrays of one step's microbatches
+            raise ValueError(f"dp x microbatches = {self.dp} x {self.microbatches} = "
+                             f"{self.dp * self.microbatches} microbatches per step exceeds the "
+                             f"limit 2**20 ({MAX_COUNT})")
         if self.cp_mode == "hybrid" and self.rank_capacity is None:
             raise ValueError("cp_mode 'hybrid' needs rank_capacity (the tokens one rank holds in "
                              "one microbatch round)")

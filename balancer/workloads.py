@@ -95,6 +95,8 @@ def read_npy(path, mmap: bool = False) -> np.ndarray:
             if f.read(6) != b"\x93NUMPY":
                 raise ValueError(f"{p}: not a .npy file (no NumPy header; "
                                  f"{p.stat().st_size} bytes)")
+            f.seek(0)
+            _check_npy_size(p, f)
         return np.load(p, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as e:
         if str(e).startswith(str(p)):
@@ -107,10 +109,41 @@ def read_npy(path, mmap: bool = False) -> np.ndarray:
         raise ValueError(f"{p}: not a .npy file or cut short ({e})") from None
 
 
+def _check_npy_size(p: Path, f) -> None:
+    """Refuse a .npy whose header claims more data than the file holds, before numpy allocates
+    what the header says (a header claiming 10**12 entries ended in a MemoryError)."""
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+    shape, _, dtype = read(f)
+    if dtype.hasobject:
+        return   # np.load refuses pickles with its own message
+    n = int(np.prod(shape, dtype=object))
+    need, have = n * dtype.itemsize, p.stat().st_size - f.tell()
+    if need > have:
+        raise ValueError(f"{p}: not a .npy file or cut short (the header claims {n} entries of "
+                         f"{dtype}, {need} bytes, but the file holds {have} bytes of data)")
+
+
+def check_fits_memory(n: int, what: str) -> None:
+    """Refuse ``n`` samples whose int64 lengths alone exceed this machine's memory, naming the
+    size (instead of a MemoryError, or the OOM killer, later)."""
+    need = int(n) * 8
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > mem:
+        raise ValueError(f"{what} {n}: {need / 2 ** 30:.1f} GiB for the lengths alone, more than "
+                         f"this machine's {mem / 2 ** 30:.1f} GiB of memory")
+
+
 def load(name_or_path: str, n: int | None = None, seed: int = 0) -> np.ndarray:
     """Lengths of a workload (int64): a ``.npy`` path, a real workload name (``wikipedia``,
     ``wlbllm``, ``prolong``), or a synthetic name. ``n`` resamples (with replacement, seeded)
     or synthesises that many samples."""
+    if n is not None:
+        check_fits_memory(n, "--samples")
     p = Path(name_or_path)
     if p.suffix == ".npy":
         from packing.validate import as_sizes  # the one check of lengths (API and CLI alike)

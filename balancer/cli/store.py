@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from . import args as cli_args
 from ..store import plan_store as store
 from .. import workloads
 from .commands import command
-from ..config import Layout, PlannerConfig, load_yaml
+from ..config import MAX_COUNT, Layout, PlannerConfig, load_yaml
 from ..cost.model import CostModel, load_cost_model
 from ..samples import SampleTable
 from ..world import World, launched_processes
@@ -53,7 +54,8 @@ class PrecomputeJob(NoBoolNumbers):
                                                            "there is no length column")
     num_proc: Optional[int] = Field(None, gt=0, description="processes measuring token columns")
     cost_model: str = Field("quadratic-64k", description="cost model name, preset or YAML file")
-    epochs: int = Field(1, ge=1, description="epochs planned into the one plan directory")
+    epochs: int = Field(1, ge=1, le=MAX_COUNT,
+                        description="epochs planned into the one plan directory")
     workers: int = Field(1, ge=1, description="planning processes on this machine")
     out: Optional[str] = Field(None, description="plan directory to write")
 
@@ -251,6 +253,11 @@ def _shutdown_distributed(clean: bool) -> None:
 
 def _precompute_run(args) -> int:
     job, layout, config, cost = resolve(args)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    if job.workers > cores:   # more planning processes than cores add memory, not speed
+        raise ValueError(f"--workers {job.workers}: more than the {cores} CPU cores this "
+                         f"process may use; give at most {cores}")
     if layout.cp_mode == "hybrid":
         from .hybrid import precompute_hybrid_run
         return precompute_hybrid_run(args, job, layout, config, load_samples)
