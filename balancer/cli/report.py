@@ -68,6 +68,40 @@ def _plan_cost_model(name: str | None, manifest: dict, plan: Plan) -> CostModel:
                          f"--cost-model NAME|FILE.yaml") from None
 
 
+def _read_loss_tokens(args) -> np.ndarray | None:
+    """``--loss-tokens FILE.npy`` (integer trained tokens per sample), or with ``--dataset`` the
+    per-row sum of ``--loss-mask-column`` (0/1 per token); None when neither is given. The
+    counts are checked against the lengths by the report (balancer.report.loss_tokens)."""
+    path, col = getattr(args, "loss_tokens", None), getattr(args, "loss_mask_column", None)
+    if path and col:
+        raise ValueError("give --loss-tokens FILE.npy or --loss-mask-column NAME, not both")
+    if path:
+        if not str(path).endswith(".npy") or not Path(path).is_file():
+            raise ValueError(f"--loss-tokens {path}: expected an existing .npy file of integer "
+                             f"trained-token counts, one per sample")
+        return np.load(path, allow_pickle=False)
+    if col:
+        if not getattr(args, "dataset", None):
+            raise ValueError("--loss-mask-column reads a column of --dataset DIR; with --lengths "
+                             "give --loss-tokens FILE.npy")
+        import datasets
+        ds = datasets.load_from_disk(args.dataset)
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[args.split]
+        if col not in ds.column_names:
+            raise ValueError(f"--loss-mask-column {col!r}: the dataset has no such column "
+                             f"(columns: {ds.column_names})")
+        counts = np.zeros(len(ds), np.int64)
+        for i, row in enumerate(ds.with_format("numpy")[col]):
+            row = np.asarray(row)
+            if row.size and (row.min() < 0 or row.max() > 1):
+                raise ValueError(f"--loss-mask-column {col!r}: sample {i} holds "
+                                 f"{row[(row < 0) | (row > 1)][0]}, a loss mask is 0/1")
+            counts[i] = int(row.sum())
+        return counts
+    return None
+
+
 def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> dict:
     """Everything ``python -m balancer report`` does; returns the report dict (with
     ``report_seconds`` and ``files``)."""
@@ -75,10 +109,15 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     given = {k: getattr(args, k, None) is not None for k in ("dp", "microbatches")}
     args = _with_layout_default(args)
     if getattr(args, "cp_mode", "fixed") == "hybrid":
+        if getattr(args, "loss_tokens", None) or getattr(args, "loss_mask_column", None):
+            raise ValueError("--loss-tokens / --loss-mask-column: the trained fraction per "
+                             "step is in the fixed-mode report only (leave out --cp-mode "
+                             "hybrid); masks do not change the cost of either mode")
         from .hybrid import run_hybrid_report
         return run_hybrid_report(args, out=out, plots=plots, quiet=quiet)
     t0 = time.perf_counter()
     lengths, wname = _read_lengths(args)
+    loss_tokens = _read_loss_tokens(args)
     explicit_strategies = args.strategies is not None
     names = cli_args.parse_strategies(args.strategies or ",".join(cli_args.DEFAULT_STRATEGIES))
     plans = None
@@ -104,7 +143,7 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
                       "config": config.model_dump(), "strategies": {}}
             details = {}
             for name, p in plans.items():
-                report["strategies"][name], details[name] = analyze(p, cost, None)
+                report["strategies"][name], details[name] = analyze(p, cost, None, loss_tokens)
             add_speedups(report)
             lengths = np.zeros(0, np.int64)
             return _finish(report, details, lengths, cost, out, plots, quiet, t0)
@@ -124,7 +163,7 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
             bar("compile kernels")
             warmup(["fixed"])
         report, details = build_report(lengths, cost, layout, config, names, workload=wname,
-                                       plans=plans, progress=bar)
+                                       plans=plans, progress=bar, loss_tokens=loss_tokens)
         bar("write report" + (" and plots" if plots else ""))
         files = _write(report, details, lengths, cost, out, plots, t0)
     finally:
@@ -177,6 +216,13 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--length-column", default="length", help="integer length column")
     g.add_argument("--tokens-column", default=None, help="token-id column when there is no "
                    "length column")
+    g.add_argument("--loss-tokens", default=None, metavar="FILE.npy", help="trained tokens "
+                   "of every sample (integer, 0..length; e.g. the sum of its loss mask): the "
+                   "report adds the fraction of trained tokens per step (plans and costs are "
+                   "the same: a masked token costs the same compute)")
+    g.add_argument("--loss-mask-column", default=None, help="with --dataset: a 0/1 per-token "
+                   "loss-mask column (TRL's completion_mask, assistant_masks) whose row sums "
+                   "are the trained tokens, as --loss-tokens")
     g.add_argument("--out", default="out/report", help="directory for report.json, report.md "
                    "and the PNG plots")
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import loss_tokens as LT
 from . import metrics
 from ..strategies import registry as strategies
 from ..config import Layout, PlannerConfig
@@ -38,11 +39,14 @@ MAX_SERIES_STEPS = 100_000
 
 
 # ---- analysis ------------------------------------------------------------------------------
-def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[dict, dict | None]:
+def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None,
+            loss_tokens: np.ndarray | None = None) -> tuple[dict, dict | None]:
     """The report block of one plan and the arrays the plots need (None for an invalid plan).
 
     ``lengths`` int64[n] are the samples' lengths (None: inferred from the plan, see
-    :func:`balancer.report.metrics.validate_plan`)."""
+    :func:`balancer.report.metrics.validate_plan`); ``loss_tokens`` int64[n], when given, the
+    trained tokens of every sample (a loss mask's sum): the block then has ``loss_tokens``
+    (:func:`balancer.report.loss_tokens.loss_token_figures`, the trained fraction per step)."""
     check = metrics.validate_plan(plan, lengths)
     if not check["valid"]:
         return {"valid": False, "problems": check["problems"], "steps": plan.n_steps,
@@ -55,6 +59,11 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
                                       plan.leftover.start + plan.leftover.length]))
     block = metrics.plan_summary(plan, cost, lengths)
     block["problems"] = []
+    if loss_tokens is not None:
+        # masks change what is learnt, not the compute: the cost figures above stay as they are
+        block["loss_tokens"] = LT.loss_token_figures(
+            plan, LT.check_loss_tokens(loss_tokens, lengths), lengths,
+            series=plan.n_steps <= MAX_SERIES_STEPS)
     # the hybrid interface's keys; the exchange is modelled only by --cp-mode hybrid
     # and tools/bench.py --rank-capacity (balancer.report.hybrid.add_fixed_mode_figures)
     block["documents_cut"] = int(block.get("samples_chunked", 0))
@@ -115,9 +124,14 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None) -> tuple[di
     return block, detail
 
 
-def workload_block(lengths: np.ndarray, cost: CostModel, name: str | None) -> dict:
+def workload_block(lengths: np.ndarray, cost: CostModel, name: str | None,
+                   loss_tokens: np.ndarray | None = None) -> dict:
+    """The workload's keys; with ``loss_tokens`` (int64[n], checked here) also its trained
+    tokens (:func:`balancer.report.loss_tokens.workload_loss_tokens`)."""
     f, b = cost.doc_costs(lengths)
-    return {"samples": int(lengths.shape[0]), "tokens": int(lengths.sum()), "name": name,
+    extra = ({} if loss_tokens is None else
+             LT.workload_loss_tokens(LT.check_loss_tokens(loss_tokens, lengths), lengths))
+    return {**extra, "samples": int(lengths.shape[0]), "tokens": int(lengths.sum()), "name": name,
             "length": {"mean": float(lengths.mean()), "p50": float(np.percentile(lengths, 50)),
                        "p90": float(np.percentile(lengths, 90)),
                        "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max())},
@@ -162,12 +176,16 @@ def cost_block(cost: CostModel) -> dict:
 def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: PlannerConfig,
                  names: list[str], *, workload: str | None = None,
                  plans: dict[str, Plan] | None = None,
-                 progress=None) -> tuple[dict, dict]:
+                 progress=None, loss_tokens=None) -> tuple[dict, dict]:
     """Plan ``lengths`` with every strategy in ``names`` (after any given ``plans``, reported
     as they are) and analyse each. Returns ``(report dict, plot details by strategy)``.
-    ``progress(label)``, when given, is called as each strategy starts."""
+    ``progress(label)``, when given, is called as each strategy starts. ``loss_tokens``
+    (int64[n], the trained tokens of every sample) adds the trained fraction per step to every
+    strategy; the plans and their costs are the same with or without it."""
     samples = SampleTable(lengths)
-    report = {"workload": workload_block(samples.lengths, cost, workload),
+    if loss_tokens is not None:  # refuse bad counts before planning anything
+        loss_tokens = LT.check_loss_tokens(loss_tokens, samples.lengths)
+    report = {"workload": workload_block(samples.lengths, cost, workload, loss_tokens),
               "layout": layout_block(layout), **cost_block(cost),
               "config": config.model_dump(), "strategies": {}}
     details = {}
@@ -175,7 +193,8 @@ def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: P
     for name, plan in items:
         if progress is not None:
             progress(f"analyse {name}")
-        report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths)
+        report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths,
+                                                            loss_tokens)
     for name in names:
         if name in report["strategies"]:
             continue
@@ -183,7 +202,8 @@ def build_report(lengths: np.ndarray, cost: CostModel, layout: Layout, config: P
             progress(f"plan {name}")
         plan = plan_epoch(samples, cost, layout, config.model_copy(update={"strategy": name}))
         t0 = time.perf_counter()
-        report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths)
+        report["strategies"][name], details[name] = analyze(plan, cost, samples.lengths,
+                                                            loss_tokens)
         report["strategies"][name]["analyze_seconds"] = time.perf_counter() - t0
     add_speedups(report)
     return report, details
@@ -267,6 +287,13 @@ def format_summary(report: dict) -> str:
             f"{s['outlier_delay_steps']['max']:4.0f} "
             f"{100 * (g['dp_idle_fraction'] + g['pp_bubble_fraction']):6.1f} {t:10.4g} "
             f"{s['speedup_vs_baseline']:6.3f}x {s['plan_seconds']:6.3f}")
+    if "trained_tokens" in w:
+        per = [f"{n} mean {100 * f['mean']:.1f}% min {100 * f['min']:.1f}%"
+               for n, s in report["strategies"].items() if s.get("valid") and "loss_tokens" in s
+               for f in [s["loss_tokens"]["trained_fraction_per_step"]]]
+        lines.append(f"trained tokens (loss mask): {w['trained_tokens']:,} of {w['tokens']:,} "
+                     f"({100 * w['trained_fraction']:.1f}%); per step: " + "; ".join(per)
+                     + "; costs and times are the same with or without the mask")
     base = report.get("baseline")
     if base:
         lines.append(f"speedup: estimated epoch time of {base} over each strategy's; idle %: GPU "

@@ -45,7 +45,12 @@ def render(report: dict) -> str:
              f"({lay['dp'] * lay['pp'] * lay['cp']} GPUs), {lay['microbatches']} microbatches per "
              f"DP rank per step, capacity {lay['capacity']:,} tokens per microbatch")
     L.append(f"- **Cost model**: {report['cost_model']} (unit: {report.get('cost_unit', '?')})"
-             + (f"; {report['seconds_basis']}" if report.get("seconds_basis") else ""))
+             + (f"; {report['seconds_basis']}" if report.get("seconds_basis") else "")
+             + "; a loss-masked token costs the same compute as a trained one")
+    if "trained_tokens" in w:
+        L.append(f"- **Trained tokens** (loss mask): {w['trained_tokens']:,} of {w['tokens']:,} "
+                 f"({100 * w['trained_fraction']:.2f}%), "
+                 f"{w['samples_without_trained_tokens']:,} samples with none")
     if base:
         L.append(f"- **Baseline for speedups**: {base}")
     if "report_seconds" in report:
@@ -128,6 +133,20 @@ def render(report: dict) -> str:
                      for n, s in valid.items() for o in [s["pp_order"]]])
         L.append("Epoch time (cost units of a stage) with each rank's microbatches in the "
                  "planned order or re-ordered by cost; best = the fastest of the three per step.")
+        L.append("")
+
+    lt = {n: s["loss_tokens"] for n, s in valid.items() if "loss_tokens" in s}
+    if lt:
+        L += ["## Trained tokens per step (loss mask)", ""]
+        L += _table(["strategy", "trained / tokens", "mean", "min", "p50", "p90", "max",
+                     "steps with none", "pieces apportioned"],
+                    [[n, f"{t['trained_tokens']:,} / {t['tokens']:,}"]
+                     + [f"{100 * f[q]:.2f}%" for q in ("mean", "min", "p50", "p90", "max")]
+                     + [str(t["steps_without_trained_tokens"]), str(t["pieces_apportioned"])]
+                     for n, t in lt.items() for f in [t["trained_fraction_per_step"]]])
+        L.append("Trained fraction of each step's tokens. " + next(iter(lt.values()))["cost_note"]
+                 + " A document cut into pieces has its count shared among its pieces in "
+                 "proportion to their lengths.")
         L.append("")
 
     L += ["## Outlier delay", ""]
