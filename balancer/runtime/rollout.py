@@ -30,13 +30,14 @@ and the payload fields; ``restore(outputs)``: results back in the original order
 from __future__ import annotations
 
 from dataclasses import dataclass
+import numbers
 from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from .runtime_balancer import LOCAL_ERRORS, RuntimeBalancer, StepResult, restore
+from .runtime_balancer import LOCAL_ERRORS, RuntimeBalancer, StepResult, fail_step, restore
 from .payload import TOKENS, Columns
 from .plan import StepPlan
 
@@ -130,6 +131,20 @@ def _columns(batch, extras, tokens_key, mask_key) -> tuple[Columns, Optional[tor
     return Columns.from_sequences(seqs, tok_fields, smp_fields), None, len(seqs)
 
 
+def _whole(spec) -> int:
+    """``spec`` = (name, value, least): the value as an int, or a one-line ValueError naming
+    it (a fraction is never rounded: ``capacity=10.5`` planned with 10 before)."""
+    name, value, low = spec
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer():
+        ok = True  # 16.0 is 16, as Layout takes it
+    if not ok:
+        raise ValueError(f"balance_rollout: {name} {value!r} is not an integer")
+    if int(value) < low:
+        raise ValueError(f"balance_rollout: {name} {value!r} must be >= {low}")
+    return int(value)
+
+
 def balance_rollout(batch, cost: CostModel, capacity: int, *, group=None,
                     extras: Optional[Mapping] = None, ids=None, tokens_key: str = "input_ids",
                     mask_key: str = "attention_mask", microbatches="auto",
@@ -143,21 +158,34 @@ def balance_rollout(batch, cost: CostModel, capacity: int, *, group=None,
     error if the step does not fit). Pass ``balancer=`` to reuse one across steps (keeps the
     step counter); otherwise one is built per call. Collective: every DP rank calls it."""
     try:
+        capacity, min_microbatches, pp = (_whole(x) for x in (
+            ("capacity", capacity, 1), ("min_microbatches", min_microbatches, 1), ("pp", pp, 1)))
+        if microbatches != "auto":
+            microbatches = _whole(("microbatches", microbatches, 1))
+        if step is not None:
+            step = _whole(("step", step, 0))
         cols, mask, bsz = _columns(batch, extras, tokens_key, mask_key)
         error = None
     except LOCAL_ERRORS as e:  # every rank raises it (below), none waits in the collective
         error = e
-    if balancer is None:
+    if balancer is None and error is None:
         from .gather import world_of
         _, world = world_of(group)
-        layout = Layout(dp=world, pp=pp, microbatches=min_microbatches if microbatches == "auto"
-                        else int(microbatches), capacity=int(capacity))
-        balancer = RuntimeBalancer(cost, layout, config, group=group,
-                                   microbatches="auto" if microbatches == "auto" else None,
-                                   min_microbatches=min_microbatches, carry=False)
-        if step is not None:
-            balancer.step_index = int(step)
+        try:
+            layout = Layout(dp=world, pp=pp, microbatches=min_microbatches if
+                            microbatches == "auto" else microbatches, capacity=capacity)
+            balancer = RuntimeBalancer(cost, layout, config, group=group,
+                                       microbatches="auto" if microbatches == "auto" else None,
+                                       min_microbatches=min_microbatches, carry=False)
+        except LOCAL_ERRORS as e:
+            error = e
+        else:
+            if step is not None:
+                balancer.step_index = step
     if error is not None:
-        balancer.fail(error)
+        if balancer is not None:
+            balancer.fail(error)
+        # no balancer (its sizes were refused): the same collective, so no rank waits
+        fail_step(error, group, 0 if step is None else step)
     result = balancer.step(cols if len(cols) else None, ids)
     return RolloutMicrobatches(result, mask, bsz)

@@ -50,11 +50,34 @@ LOCAL_ERRORS = (ValueError, TypeError, KeyError, IndexError)
 
 def raise_refused(headers: list, local: Optional[BaseException] = None) -> None:
     """Raise on every rank when any rank's input was refused (``headers[r]["error"]``): one
-    ValueError naming each refusing rank and its message (chained to this rank's own)."""
+    ValueError naming each refusing rank and its message (chained to this rank's own); a
+    RuntimeError instead when a rank failed (``headers[r]["failed"]``: its source raised, not
+    a refusal of its input), naming each failing rank."""
     bad = [(r, h["error"]) for r, h in enumerate(headers) if h.get("error")]
-    if bad:
-        raise ValueError("input refused on " + "; ".join(f"rank {r}: {m}" for r, m in bad)) \
+    if not bad:
+        return
+    failed = [(r, m) for r, m in bad if headers[r].get("failed")]
+    if failed:
+        raise RuntimeError("failed on " + "; ".join(f"rank {r}: {m}" for r, m in failed)) \
             from local
+    raise ValueError("input refused on " + "; ".join(f"rank {r}: {m}" for r, m in bad)) \
+        from local
+
+
+def fail_step(error: BaseException, group=None, step: int = 0,
+              source: Optional[str] = None) -> None:
+    """Take part in a step's offer collective with ``error`` instead of samples, then raise on
+    every rank (:func:`raise_refused`): a refusal (:data:`LOCAL_ERRORS`) as a ValueError with
+    its message, anything else as a RuntimeError with ``source`` and the error's type."""
+    refused = isinstance(error, LOCAL_ERRORS)
+    # a failure's message may span lines (a traceback's text): one line, so every rank's fits
+    msg = str(error) if refused else \
+        " ".join(f"{source or 'this rank'} raised {type(error).__name__}: {error}".split())
+    hdr = {"step": step, "schema": None, "error": msg or repr(error),
+           "failed": not refused}
+    _, headers, _ = gather_offers(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                  np.zeros(0, np.int64), hdr, group)
+    raise_refused(headers, error)
 
 
 def _resolve_schema(headers: list, rank: int):
@@ -162,7 +185,7 @@ class RuntimeBalancer:
             offered, o_ids, o_ages, error = None, np.zeros(0, np.int64), np.zeros(0, np.int64), e
         hdr = dict(header or {})
         hdr.update(step=self.step_index, schema=offered.schema if offered is not None else None,
-                   error=None if error is None else str(error))
+                   error=None if error is None else (str(error) or repr(error)))
         o_len = offered.lengths if offered is not None else np.zeros(0, np.int64)
         offers, headers, gstats = gather_offers(o_ids, o_len, o_ages, hdr, self.group)
         raise_refused(headers, error)
@@ -217,14 +240,13 @@ class RuntimeBalancer:
         return (offered, np.concatenate([self._held_ids, new_ids]),
                 np.concatenate([self._held_ages, np.zeros(new_ids.shape[0], np.int64)]))
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, source: Optional[str] = None) -> None:
         """Take part in this step's collective with ``error`` (this rank's input was refused
         before it reached :meth:`step`): every rank raises the same ValueError naming the
-        rank, instead of the others waiting in the all-gather."""
-        hdr = {"step": self.step_index, "schema": None, "error": str(error)}
-        _, headers, _ = gather_offers(np.zeros(0, np.int64), np.zeros(0, np.int64),
-                                      np.zeros(0, np.int64), hdr, self.group)
-        raise_refused(headers, error)
+        rank, instead of the others waiting in the all-gather. An error that is not a refusal
+        (an OSError or RuntimeError of ``source``, e.g. "its stream source") makes every rank
+        raise the same RuntimeError naming the rank, the source and the error."""
+        fail_step(error, self.group, self.step_index, source)
 
     def _check_schema(self, schema) -> None:
         names = {f.name: f for f in schema}
@@ -348,7 +370,8 @@ def restore(result: StepResult, outputs: Sequence[Mapping],
     except LOCAL_ERRORS as e:  # every rank raises it (below), none waits in the collective
         local, error = {}, e
     gathered = gather_object({"view": {n: v[:2] for n, v in local.items()},
-                              "error": None if error is None else str(error)}, group)
+                              "error": None if error is None else (str(error) or repr(error))},
+                             group)
     raise_refused(gathered, error)
     views = [g["view"] for g in gathered]
     names = sorted(set().union(*[set(v) for v in views]))

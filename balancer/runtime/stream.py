@@ -55,7 +55,7 @@ from torch.utils.data import IterableDataset
 
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
-from .runtime_balancer import LOCAL_ERRORS, RuntimeBalancer
+from .runtime_balancer import RuntimeBalancer
 from .payload import TOKENS, Columns
 from ..world import World
 
@@ -65,6 +65,7 @@ CHECKPOINT = "StreamingPackedDataset checkpoint"
 _COUNTS = ("epoch", "step", "position", "next_local", "active", "mb", "rank")
 _PHASES = ("read", "flush", "done")
 _MAX_IDS = 10_000  # ids kept per counter (the counts are exact)
+SOURCE = "its stream source"  # names the source in a failure raised on every rank
 
 
 def _stateful(x) -> bool:
@@ -193,8 +194,12 @@ class StreamingPackedDataset(IterableDataset):
     def __iter__(self):
         if self._start["phase"] == "done":  # a new pass over the source
             self._start, self._mb = self._fresh(), 0
+        in_worker()
         st = self._start
-        it = self._open(st)
+        try:  # opening the source may fail on one rank: raised on every rank at the first step
+            it, opened = self._open(st), None
+        except Exception as e:  # noqa: BLE001 -- any failure of the source, sent to every rank
+            it, opened = iter(()), e
         consumed = int(st["source"]["consumed"]) if not _stateful(self.source) else 0
         bal = RuntimeBalancer(self.cost, self.layout, self.config, group=self.group,
                               max_carry=self.max_carry, over_length=self.over_length,
@@ -208,6 +213,8 @@ class StreamingPackedDataset(IterableDataset):
                 f"process is rank {bal.rank} and this job's world size is {world}: each rank "
                 f"loads the state its own rank saved, in a job of the same size (another rank's "
                 f"stream would train its samples again and lose this one's)"))
+        if opened is not None:
+            bal.fail(opened, source=SOURCE)
         while True:
             st = self._start
             if st["phase"] == "done":
@@ -265,8 +272,8 @@ class StreamingPackedDataset(IterableDataset):
                             peek = {"id": got[0], "tokens": got[1]}
                 snapshot = self._snapshot(consumed)
                 cols = Columns.from_sequences(seqs) if seqs else None
-            except LOCAL_ERRORS as e:
-                bal.fail(e)
+            except Exception as e:  # noqa: BLE001 -- a refused row, or the source failing
+                bal.fail(e, source=SOURCE)
             ends = all if self.uneven == "drain" else any  # this is the last step read
             res = bal.step(cols, np.asarray(ids, np.int64),
                            header={"exhausted": exhausted, "peek": peek is not None},
@@ -324,6 +331,20 @@ class StreamingPackedDataset(IterableDataset):
                 else:
                     self._mb = j + 1
                 yield mb
+
+
+def in_worker() -> None:
+    """A ValueError when called in a DataLoader worker process: the stream's collectives (and
+    its share of the source) belong to the training process; each worker would otherwise read
+    the whole stream (every sample trained once per worker) or see a world of one rank."""
+    from torch.utils.data import get_worker_info
+    info = get_worker_info()
+    if info is not None:
+        raise ValueError(
+            f"StreamingPackedDataset is iterated in DataLoader worker {info.id} of "
+            f"{info.num_workers}: iterate it in the training process (num_workers=0), where its "
+            f"step's collectives run; to read the source with workers pass "
+            f"StatefulDataLoader(source, batch_size=None, num_workers=k) as its source")
 
 
 def check_state(state) -> None:
