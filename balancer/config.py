@@ -101,6 +101,12 @@ class PlannerConfig(NoBoolNumbers):
                                                   "cp_mode hybrid: hybrid_stream unless set")
     seed: int = Field(0, ge=0, le=2 ** 63 - 1, description="seed of the per-epoch shuffle")
     shuffle: bool = Field(True, description="shuffle samples each epoch (seed, epoch)")
+    order: Literal["permutation", "blocks"] = Field(
+        "permutation", description="the shuffled epoch order: one seeded permutation of the "
+                                   "corpus (held by every planning process, 8 B/sample), or "
+                                   "'blocks': blocks of 4096 consecutive samples in a seeded "
+                                   "order, shuffled within groups of 1M samples, computed per "
+                                   "window (memory bounded by the window; other plans)")
     global_batch_tokens: Optional[int] = Field(
         None, gt=0, le=MAX_STEP_TOKENS,
         description="tokens taken per step; default dp x microbatches x capacity; at least "
@@ -140,6 +146,15 @@ class PlannerConfig(NoBoolNumbers):
                                 "queues flush at window ends), so windows can be planned in "
                                 "parallel with a result identical to a serial run; None = one "
                                 "window")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # ``order`` is left out at its default so that a config dumps (and hashes) exactly as
+        # it did before the field existed: manifests and checkpoints written then still match
+        out = handler(self)
+        if isinstance(out, dict) and out.get("order") == "permutation":
+            del out["order"]
+        return out
 
     @property
     def advance(self) -> int:

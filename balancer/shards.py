@@ -121,3 +121,145 @@ def read_shards(spec: str, column: str = "length", cache: Optional[str] = None) 
         meta.write_text(json.dumps({"column": column, "shards": stamp}))
         return read_npy(c, mmap=True)
     return out
+
+
+class LengthFiles:
+    """Lengths of one or more ``.npy`` files (concatenated in the given order) read on demand
+    with ``pread``: nothing of the corpus is held or memory-mapped, so a process reading a
+    window's lengths holds that window's only (a memory map would keep every page it touched
+    mapped, counted in the process's RSS). Duck-types what precompute reads of a
+    :class:`~balancer.samples.SampleTable` (``len``, ``lengths``, ``total_tokens``,
+    ``fingerprint()``, the same values) and what the planner's stream reads of lengths
+    (``shape``, ``take(idx)``).
+
+    Opening reads every file once, in blocks: each value is checked as ``SampleTable`` checks
+    it (an error names the file and row), the total and the fingerprint are computed then.
+    The files must not change afterwards."""
+
+    _CHUNK = 1 << 12  # values read together by take(): a block of the 'blocks' order
+
+    def __init__(self, paths, block: int = 1 << 22):
+        import hashlib
+        from packing.validate import MAX_TOTAL, as_sizes
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError("no length files")
+        self._meta = []  # (dtype, data offset, rows) per file
+        for p in self.paths:
+            a = read_npy(p, mmap=True)  # the header only: no data page is read here
+            if a.ndim != 1:
+                raise ValueError(f"{p}: lengths must be a 1-D array, got shape {a.shape}")
+            if a.dtype.hasobject or a.dtype.kind not in "iuf":
+                raise ValueError(f"{p}: lengths must be integers, got dtype {a.dtype}")
+            off = getattr(a, "offset", None)
+            if not isinstance(a, np.memmap) or off is None:
+                raise ValueError(f"{p}: cannot be read in place (not a plain .npy array)")
+            self._meta.append((a.dtype, int(off), int(a.shape[0])))
+            del a
+        rows = [m[2] for m in self._meta]
+        self.starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self.n = int(self.starts[-1])
+        if self.n == 0:
+            raise ValueError("the dataset is empty: no samples to plan")
+        self.shape = (self.n,)
+        self._fds: dict = {}
+        h, total = hashlib.sha256(), 0
+        for i, p in enumerate(self.paths):
+            lo0 = int(self.starts[i])
+            for lo in range(lo0, int(self.starts[i + 1]), block):
+                hi = min(lo + block, int(self.starts[i + 1]))
+                a = as_sizes(self._raw(i, lo - lo0, hi - lo0), source=f"{p} (rows from "
+                                                                         f"{lo - lo0})")
+                total += int(a.sum())
+                h.update(a.astype("<i8", copy=False).data)
+        if total > MAX_TOTAL:
+            raise ValueError(f"the total of the lengths ({total:.4g} over {self.n} samples) "
+                             f"exceeds {MAX_TOTAL}: split the dataset")
+        self.total_tokens = total
+        self._fingerprint = h.hexdigest()[:16]
+
+    # ---- what precompute reads of a SampleTable --------------------------------------------
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def lengths(self) -> "LengthFiles":
+        return self
+
+    def fingerprint(self) -> str:
+        """SampleTable.fingerprint() of the same lengths."""
+        return self._fingerprint
+
+    def __getstate__(self):  # file descriptors stay in their process
+        return {k: v for k, v in self.__dict__.items() if k != "_fds"} | {"_fds": {}}
+
+    def __del__(self):
+        for fd in getattr(self, "_fds", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # ---- reads ------------------------------------------------------------------------------
+    def _raw(self, i: int, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` of file ``i``, in its dtype."""
+        dtype, off, _ = self._meta[i]
+        fd = self._fds.get(i)
+        if fd is None:
+            fd = self._fds[i] = os.open(self.paths[i], os.O_RDONLY)
+        want = (hi - lo) * dtype.itemsize
+        buf = bytearray(want)
+        view, got = memoryview(buf), 0
+        while got < want:
+            k = os.preadv(fd, [view[got:]], off + lo * dtype.itemsize + got)
+            if k <= 0:
+                raise ValueError(f"{self.paths[i]}: shorter than its header says "
+                                 f"(changed while planning?)")
+            got += k
+        return np.frombuffer(buf, dtype=dtype)
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Lengths of samples ``[lo, hi)`` (int64[hi - lo], a fresh array)."""
+        out = np.empty(max(0, hi - lo), np.int64)
+        i = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        at = lo
+        while at < hi:
+            s, e = int(self.starts[i]), int(self.starts[i + 1])
+            b = min(hi, e)
+            if b > at:
+                out[at - lo:b - lo] = self._raw(i, at - s, b - s)
+            at, i = b, i + 1
+        return out
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """``lengths[idx]`` (int64[k]): the blocks of CHUNK values that hold ``idx`` are read,
+        runs of adjacent blocks in one read."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if idx.size == 0:
+            return np.zeros(0, np.int64)
+        if int(idx.min()) < 0 or int(idx.max()) >= self.n:
+            raise IndexError(f"sample index out of range [0, {self.n})")
+        c = self._CHUNK
+        chunk = idx // c
+        u = np.unique(chunk)
+        buf = np.empty(u.shape[0] * c, np.int64)
+        cuts = np.flatnonzero(np.diff(u) != 1) + 1
+        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [u.shape[0]]])):
+            lo, hi = int(u[a]) * c, min(int(u[b - 1] + 1) * c, self.n)
+            buf[a * c:a * c + hi - lo] = self.read(lo, hi)
+        return buf[np.searchsorted(u, chunk) * c + idx % c]
+
+
+def open_lengths(spec: str, column: str = "length", cache: Optional[str] = None):
+    """Lengths read on demand (:class:`LengthFiles`) for ``spec``: one ``.npy`` file, ``.npy``
+    shards, or parquet shards through ``cache`` (written once by :func:`read_shards`). None
+    where that is impossible (parquet without a cache): the caller reads them whole."""
+    if not is_sharded(spec):
+        return LengthFiles([spec])
+    paths = shard_paths(spec)
+    if paths[0].suffix == ".npy":
+        return LengthFiles(paths)
+    if cache:
+        read_shards(spec, column, cache=cache)  # writes or validates the cache
+        return LengthFiles([cache])
+    return None

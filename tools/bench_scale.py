@@ -2,9 +2,13 @@
 corpus sizes (issue 31 item 2): the growth per sample is what a bigger corpus costs each
 process. Shards of wikipedia-like lengths are written block by block (the generator never holds
 the corpus), then precompute runs in a fresh process (or ``--ranks`` torchrun ranks) and its
-peak RSS (ru_maxrss; for torchrun the largest rank) is read. Nothing is asserted.
+peak RSS (ru_maxrss: anonymous and file-backed pages mapped, so a memory map's touched pages
+count; for torchrun the largest rank) is read. ``--order blocks`` (the default here) plans with
+``PlannerConfig.order='blocks'``, the order computed per window, and the lengths read on demand;
+``--order permutation`` is the default order of plans (one permutation held per process).
+The plan written is removed after each size unless ``--keep-plans``. Nothing is asserted.
 
-    python tools/bench_scale.py --samples 1000000 10000000 100000000 --dir /big/scratch
+    python tools/bench_scale.py --samples 10000000 100000000 1000000000 --dir /big/scratch
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -36,10 +41,10 @@ def write_shards(d: str, n: int, seed: int = 1) -> None:
         np.save(os.path.join(d, f"part-{i:05d}.npy"), rng.choice(pool, min(SHARD, n - lo)))
 
 
-def run(d: str, out: str, window: int, ranks: int) -> dict:
-    flags = ["precompute", "--lengths", d, "--dp", "64", "--microbatches", "4", "--capacity",
-             "32768", "--over-length", "chunk", "--window-samples", str(window), "--out", out,
-             "--overwrite", "--no-progress"]
+def run(d: str, out: str, window: int, ranks: int, order: str = "blocks") -> dict:
+    flags = ["precompute", "--lengths", d, "--order", order, "--dp", "64", "--microbatches", "4",
+             "--capacity", "32768", "--over-length", "chunk", "--window-samples", str(window),
+             "--out", out, "--overwrite", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     if ranks == 1:
@@ -65,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=1, help="torchrun ranks (1: one process)")
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--order", choices=["blocks", "permutation"], default="blocks")
+    ap.add_argument("--keep-plans", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     rows = []
@@ -72,7 +79,10 @@ def main(argv=None) -> int:
         d = os.path.join(args.dir, f"shards-{n}")
         if not os.path.isdir(d):
             write_shards(d, n)
-        r = run(d, os.path.join(args.dir, f"plan-{n}"), args.window, args.ranks)
+        out = os.path.join(args.dir, f"plan-{n}")
+        r = run(d, out, args.window, args.ranks, args.order)
+        if not args.keep_plans:
+            shutil.rmtree(out, ignore_errors=True)
         r["samples"] = n
         rows.append(r)
         print(f"{n:>13,} samples: {r['seconds']:8.1f} s, peak RSS per process "
@@ -83,7 +93,8 @@ def main(argv=None) -> int:
         print(f"growth {a['samples']:,} -> {b['samples']:,}: {g:.1f} B/sample per process")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"window": args.window, "ranks": args.ranks, "rows": rows,
+            json.dump({"window": args.window, "ranks": args.ranks, "order": args.order,
+                       "rows": rows,
                        "load_average": os.getloadavg()}, f, indent=1)
     return 0
 

@@ -176,10 +176,19 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
     return job, layout, config, cost
 
 
-def load_samples(job: PrecomputeJob, seed: int = 0) -> SampleTable:
-    """The sample lengths: a .npy / workload name (resampled with ``samples``), or a dataset."""
+def load_samples(job: PrecomputeJob, seed: int = 0, order: str = "permutation"):
+    """The sample lengths: a .npy / workload name (resampled with ``samples``), or a dataset.
+    Under ``order='blocks'`` a .npy file or shards (parquet ones through ``lengths_cache``) are
+    read on demand window by window (:class:`balancer.shards.LengthFiles`, not a
+    ``SampleTable``: the same length, lengths, total and fingerprint), never held whole."""
     if job.lengths:
-        from ..shards import is_sharded, read_shards
+        from ..shards import is_sharded, open_lengths, read_shards
+        lazy = order == "blocks" and job.samples is None and (
+            is_sharded(job.lengths) or job.lengths.endswith(".npy"))
+        if lazy:
+            source = open_lengths(job.lengths, job.length_column, cache=job.lengths_cache)
+            if source is not None:
+                return source
         if is_sharded(job.lengths):  # a directory / glob / list of .npy or parquet shards
             lengths = read_shards(job.lengths, job.length_column, cache=job.lengths_cache)
             if job.samples is not None and job.samples != lengths.shape[0]:
@@ -280,7 +289,7 @@ def _precompute_fixed(args, job, layout, config, cost, dist: bool) -> int:
     from ..store.precompute import precompute
     rank = World.current().rank if dist else 0
     t0 = time.perf_counter()
-    samples = load_samples(job, seed=config.seed)
+    samples = load_samples(job, seed=config.seed, order=config.order)
     if rank == 0:
         print(f"precompute: {len(samples):,} samples, {samples.total_tokens:,} tokens | "
               f"{config.strategy} | dp={layout.dp} pp={layout.pp} cp={layout.cp} "

@@ -281,7 +281,9 @@ class PackedBatchSampler(Sampler):
         plan = self.plan
         epoch, position = self.cursor.state(after)
         carry = self._carry.get(epoch)
-        return {
+        # the epoch order, only when not the default (states written before it existed match)
+        order = {} if self.config.order == "permutation" else {"order": self.config.order}
+        return {**order,
             "version": STATE_VERSION, "epoch": epoch, "position": position,
             "plan_fingerprint": self.plan_fingerprint,
             "dataset_fingerprint": plan.dataset_fingerprint, "n_samples": plan.n_samples,
@@ -304,10 +306,12 @@ class PackedBatchSampler(Sampler):
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"sampler state version {state.get('version')!r} is not "
                              f"{STATE_VERSION}")
-        mine = {"layout": self.layout.model_dump(), "seed": self.config.seed}
+        mine = {"layout": self.layout.model_dump(), "seed": self.config.seed,
+                "order": self.config.order}
         if self.samples is not None:
             mine["dataset_fingerprint"] = self.samples.fingerprint()
             mine["n_samples"] = len(self.samples)
+        state = {"order": "permutation", **state}  # a state without it: the default order
         for key, value in mine.items():
             if state[key] != value:
                 raise ValueError(f"cannot resume: the checkpoint's {key} is {state[key]!r} but "

@@ -23,19 +23,36 @@ from ..zigzag import cp_pad_unit, padded_lengths
 from .plan import Items
 
 
-def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The training order of samples in an epoch: a permutation from (seed, epoch) alone."""
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True,
+                order: str = "permutation") -> np.ndarray:
+    """The training order of samples in an epoch (int64[n]): a permutation from (seed, epoch)
+    alone; ``order='blocks'``: the block shuffle of :mod:`balancer.planning.order` (whole
+    here; :class:`EpochWindows` computes it per window)."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
+    if order == "blocks":
+        from .order import block_order_range
+        return block_order_range(n, seed, epoch, 0, n)
+    if order != "permutation":
+        raise ValueError(f"order {order!r}: expected 'permutation' or 'blocks'")
     perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
     return perm.astype(np.int64, copy=False)  # already int64 on 64-bit: no copy
 
 
+def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:
+    """``lengths[idx]`` (int64[k]) of an array, or of a length source read on demand (an
+    object with ``shape`` and ``take(idx)``, such as :class:`balancer.shards.LengthFiles`)."""
+    if isinstance(lengths, np.ndarray):
+        return lengths[idx]
+    return lengths.take(idx)
+
+
 def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
-               over_length: str) -> tuple[Items, dict]:
+               over_length: str, ordered: Optional[np.ndarray] = None) -> tuple[Items, dict]:
     """Items in stream order. A sample whose padded size exceeds the capacity raises (policy
-    ``error``) or is cut into pieces of the largest size that fits (``chunk``)."""
-    ordered = lengths[order]
+    ``error``) or is cut into pieces of the largest size that fits (``chunk``). ``ordered``:
+    ``lengths[order]`` when the caller has it (a length source that is not an array)."""
+    ordered = gather_lengths(lengths, order) if ordered is None else ordered
     unit = cp_pad_unit(cp)
     max_piece = (capacity // unit) * unit  # padded pieces must still fit
     if max_piece <= 0:
@@ -98,26 +115,33 @@ class EpochWindows:
     """An epoch's item stream, produced window by window (:meth:`stream`).
 
     Items are the carried-in ones, then every sample in epoch order, over-long ones cut into
-    pieces (``over_length='chunk'``). Only the order (int64[n]) and the positions of the
-    over-long samples are held; ``items(lo, hi)`` rebuilds any item range with
-    ``planner.make_items`` on the few samples that cover it."""
+    pieces (``over_length='chunk'``). Only the positions of the over-long samples and, under
+    ``order='permutation'``, the order (int64[n]) are held (``order='blocks'`` computes any
+    range of it); ``items(lo, hi)`` rebuilds any item range with ``planner.make_items`` on the
+    few samples that cover it. ``lengths``: int64[n], or a source read on demand
+    (:func:`gather_lengths`)."""
 
     def __init__(self, lengths: np.ndarray, layout: Layout, config: PlannerConfig, epoch: int,
                  carry_in: Optional[Items] = None, block: int = 1 << 20):
         self.lengths, self.layout, self.config = lengths, layout, config
+        self.epoch = epoch
         n = lengths.shape[0]
-        self.order = epoch_order(n, config.seed, epoch, config.shuffle)
+        # computed per range under 'blocks' (and without shuffle: the identity)
+        self.lazy = config.order == "blocks" or not config.shuffle
+        self.order = None if self.lazy else epoch_order(n, config.seed, epoch, config.shuffle)
         unit = cp_pad_unit(layout.cp)
         self.max_piece = (layout.capacity // unit) * unit
-        make_items(self.order[:0], lengths, layout.capacity, layout.cp, config.over_length)
-        tl = [lo + np.flatnonzero(lengths[self.order[lo:lo + block]] > self.max_piece)
+        make_items(self.order_range(0, 0), lengths, layout.capacity, layout.cp,
+                   config.over_length)
+        tl = [lo + np.flatnonzero(gather_lengths(lengths, self.order_range(lo, lo + block))
+                                  > self.max_piece)
               for lo in range(0, n, block)]
         self.tl_pos = np.concatenate(tl) if tl else np.zeros(0, np.int64)
         if self.tl_pos.size:  # raises the planner's own error under over_length='error'
             p = int(self.tl_pos[0])
-            make_items(self.order[p:p + 1], lengths, layout.capacity, layout.cp,
+            make_items(self.order_range(p, p + 1), lengths, layout.capacity, layout.cp,
                        config.over_length)
-        extra = -(-lengths[self.order[self.tl_pos]] // self.max_piece) - 1
+        extra = -(-gather_lengths(lengths, self.order_at(self.tl_pos)) // self.max_piece) - 1
         self.extra_before = np.concatenate([[0], np.cumsum(extra)]).astype(np.int64)
         self.carry = carry_in if carry_in is not None and len(carry_in) else None
         self.n_carry = 0 if self.carry is None else len(self.carry)
@@ -125,6 +149,25 @@ class EpochWindows:
         self.stats = {"samples_chunked": int(self.tl_pos.size),
                       "pieces_added": int(self.extra_before[-1]), "carried_in": self.n_carry}
         self.windows = window_ranges(self.n_items, config)
+
+    def order_range(self, lo: int, hi: int) -> np.ndarray:
+        """The samples at order positions ``[lo, hi)`` (int64[hi - lo])."""
+        if not self.lazy:
+            return self.order[lo:hi]
+        hi = min(max(lo, hi), self.lengths.shape[0])
+        if not self.config.shuffle:
+            return np.arange(lo, hi, dtype=np.int64)
+        from .order import block_order_range
+        return block_order_range(self.lengths.shape[0], self.config.seed, self.epoch, lo, hi)
+
+    def order_at(self, positions: np.ndarray) -> np.ndarray:
+        """The samples at order ``positions`` (int64[k])."""
+        if not self.lazy:
+            return self.order[positions]
+        if not self.config.shuffle:
+            return np.asarray(positions, dtype=np.int64)
+        from .order import block_order
+        return block_order(self.lengths.shape[0], self.config.seed, self.epoch, positions)
 
     def _start(self, p: int) -> int:
         """Index (after the carried-in items) of the first item of order position ``p``."""
@@ -150,9 +193,10 @@ class EpochWindows:
         if k1 > k0:
             p0 = self._position(k0)
             p1 = self._position(k1 - 1) + 1
-            it, _ = make_items(self.order[p0:p1], self.lengths, self.layout.capacity,
+            it, _ = make_items(self.order_range(p0, p1), self.lengths, self.layout.capacity,
                                self.layout.cp, self.config.over_length)
-            if lo == 0 and hi == self.n_items and it.sample.base is not self.order:
+            if (not self.lazy and lo == 0 and hi == self.n_items
+                    and it.sample.base is not self.order):
                 self.order = None  # a one-window epoch: the order is not needed again
             s = k0 - self._start(p0)
             parts.append(Items(it.sample[s:s + k1 - k0], it.start[s:s + k1 - k0],

@@ -7,9 +7,13 @@ the same config (the window boundaries, not the number of workers, define the pl
 Memory stays small: the items of a window are made on demand from the epoch order (only the
 permutation, 8 bytes per sample, is held for the whole epoch) and every planned window is
 appended to the store's files as soon as it arrives, so the plan itself is never in memory.
-Under torch.distributed every rank plans a contiguous block of windows and writes its slices
-straight into the store's preallocated files (a file system all ranks see); rank 0 allocates
-the files and writes the manifest after every rank has written and hashed its share.
+Under torch.distributed every rank plans a contiguous block of windows, keeps each planned window
+on disk (in the plan's temporary directory) until every rank's sizes are known, then writes its
+slices straight into the store's preallocated files (a file system all ranks see); rank 0
+allocates the files and writes the manifest after every rank has written and hashed its share.
+Under ``order='blocks'`` not even the order is held (:mod:`balancer.planning.order`), and
+lengths read on demand (:class:`balancer.shards.LengthFiles`) keep a process's memory bounded
+by the window.
 """
 from __future__ import annotations
 
@@ -250,19 +254,26 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
             if bar is not None:
                 bar.total = (bar.total or 0) + len(mine)
                 bar.set_description(f"epoch {epoch} (rank 0 of {world})")
-            parts = []
+            # planned windows wait on disk for the file sizes (every rank's counts), not in
+            # memory: a rank holds one window at a time, not its share of the epoch
+            spill = writer.tmp / f".spill-epoch{epoch}-rank{rank}"
+            spill.mkdir(exist_ok=True)
+            counts_mine, last_left = [], None
             tick = _Ticker(bar) if len(mine) == 1 else None
             try:
                 for i in mine:
-                    parts.append(plan_part(ew, cost, i))
+                    part = plan_part(ew, cost, i)
+                    _spill(spill / f"{i}.npz", part)
+                    counts_mine.append(part.counts)
+                    last_left = part.leftover
+                    del part
                     if bar is not None:
                         bar.update(1)
             finally:
                 if tick is not None:
                     tick.stop()
             own_last = len(mine) and mine[-1] == nw - 1
-            mine_info = {"counts": [p.counts for p in parts],
-                         "leftover": parts[-1].leftover if own_last else None}
+            mine_info = {"counts": counts_mine, "leftover": last_left if own_last else None}
             every = [None] * world
             dist.all_gather_object(every, mine_info, group=group)
             counts = [c for r in every for c in r["counts"]]
@@ -281,10 +292,13 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
                 store.write_slice(d / "mb_offsets.npy", "<i8", sizes["mb_offsets"], 0,
                                   np.zeros(1, np.int64))
             dist.barrier(group=group)
-            for part in parts:
+            for i in mine:
+                part = _unspill(spill / f"{i}.npz", config.max_delay)
                 for name, (off, a) in part_slices(part, base, layout.dp, cost).items():
                     store.write_slice(d / f"{name}.npy", store.ARRAYS[name], sizes[name], off, a)
                 base = _add(base, part.counts)
+                (spill / f"{i}.npz").unlink()
+            spill.rmdir()
             dist.barrier(group=group)
             names = list(store.ARRAYS)[rank::world]
             digests = [None] * world
@@ -320,6 +334,25 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
     finally:
         if bar is not None:
             bar.close()
+
+
+_PART = ("entry_sample", "entry_start", "entry_length", "entry_delay", "mb_sizes", "step_mbs")
+
+
+def _spill(path: Path, part: PlanPart) -> None:
+    """Write a planned window to ``path`` (an uncompressed .npz)."""
+    arrays = {k: np.asarray(getattr(part, k)) for k in _PART}
+    arrays.update(left_sample=part.leftover.sample, left_start=part.leftover.start,
+                  left_length=part.leftover.length)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _unspill(path: Path, max_delay_bound: int) -> PlanPart:
+    with np.load(path) as z:
+        return PlanPart(*(z[k] for k in _PART),
+                        Items(z["left_sample"], z["left_start"], z["left_length"]),
+                        max_delay_bound)
 
 
 def _array_sizes(tot: dict) -> dict:
