@@ -63,6 +63,9 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     model, P, budget = cli_args.build_cp(args)
     layout = cli_args.build(args)[1]   # validates the layout flags (cp_mode, rank_capacity)
     names = parse_strategies(args.strategies, P)
+    if not args.strategies:  # the default list: leave out fixed degrees that hold nothing
+        names = [n for n in names if not n.startswith("fixed_cp") or
+                 model.doc_limit(int(n[len("fixed_cp"):])) >= 1]
     warmup(["hybrid"])
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,

@@ -298,6 +298,14 @@ class CPCostModel(BaseModel):
         cap = self.rank_capacity
         return cap if group == 1 else group * (cap - cap % 2)
 
+    def pool_limit(self, n_ranks: int) -> tuple[int, int]:
+        """``(limit, group)``: the longest document a pool of ``n_ranks`` ranks holds on one of
+        its aligned power-of-two groups, and the size of that group (the largest; a single
+        rank where only it holds anything: at ``rank_capacity`` 1 a zigzag shard of two
+        chunks per rank does not fit, so groups of 2 or more hold no document)."""
+        g = 1 << (int(n_ranks).bit_length() - 1)
+        return max((self.doc_limit(g), g), (self.doc_limit(1), 1))
+
     def _shares(self, lengths: np.ndarray, sizes: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         """float64[n, K]: the busiest zigzag rank's share of each document's attention: of its
         causal pairs, or, for a model with attention terms, of the attention work summed over

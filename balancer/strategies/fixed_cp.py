@@ -29,6 +29,10 @@ def plan_fixed_cp(lengths, model: CPCostModel, n_ranks: int, cp: int, *, whole: 
     if cp < 1 or cp & (cp - 1) or n_ranks % cp:
         raise ValueError(f"cp {cp} must be a power of two dividing the pool of {n_ranks} ranks")
     limit = model.doc_limit(cp)
+    if limit < 1:  # rank_capacity 1: a zigzag shard is two chunks per rank
+        raise ValueError(f"cp {cp} holds no document at rank_capacity {model.rank_capacity}: a "
+                         f"group of {cp} ranks needs 2 tokens per rank (zigzag CP); use cp 1 "
+                         f"or a rank_capacity >= 2")
     doc, start, length, cut = _items(lengths, limit, "chunk", "")
     table = model.table(length, n_ranks)
     plan = plan_batch(table.time, table.tokens, model.rank_capacity, n_ranks,

@@ -57,6 +57,8 @@ def cut_documents(lengths: np.ndarray, limit: int):
 def _items(lengths, limit: int, over_length: OverLimit, what: str, detail: str = ""):
     if over_length not in ("error", "chunk"):
         raise ValueError(f"over_limit {over_length!r}: expected 'error' or 'chunk'")
+    if limit < 1:  # pieces of 0 tokens: the callers refuse such a group first, naming it
+        raise ValueError(f"{what} of {limit} tokens{detail} holds no document")
     over = np.flatnonzero(lengths > limit)
     if over.size and over_length == "error":
         i = int(over[0])
@@ -69,6 +71,15 @@ def _items(lengths, limit: int, over_length: OverLimit, what: str, detail: str =
 
 def _largest_group(n_ranks: int) -> int:
     return 1 << (int(n_ranks).bit_length() - 1)
+
+
+def pool_group(g: int, n_ranks: int) -> str:
+    """The group whose limit is the pool's (:meth:`CPCostModel.pool_limit`), in words."""
+    if g == n_ranks:
+        return f"{g} ranks" if g > 1 else "1 rank"
+    if g == 1:  # only a single rank holds anything (rank_capacity 1)
+        return f"one rank of the pool's {n_ranks}: a CP shard needs 2 tokens per rank"
+    return f"its largest aligned group: {g} of the pool's {n_ranks} ranks"
 
 
 
@@ -139,8 +150,9 @@ def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_length: OverL
                 table: Optional[CPCostTable] = None, megatron: bool = True) -> HybridPlan:
     """Hybrid plan of one global batch (``lengths``: its documents) on ``n_ranks`` ranks.
 
-    A document longer than the largest aligned group holds (``model.doc_limit(g)``, ``g`` the
-    largest power of two <= n_ranks) is an error naming it, or with ``over_length="chunk"``
+    A document longer than the pool holds (``model.pool_limit(n_ranks)``: what its largest
+    aligned group holds, or one rank at ``rank_capacity`` 1) is an error naming it, or with
+    ``over_length="chunk"``
     (older name: ``over_limit``) is cut into pieces of that limit (counted in
     ``documents_cut``). ``table`` may pass the documents' cost table already computed (no cut
     documents then). ``megatron``: where the batch holds at most ``n_ranks x rank_capacity``
@@ -148,11 +160,10 @@ def plan_hybrid(lengths, model: CPCostModel, n_ranks: int, *, over_length: OverL
     returned instead (``megatron_steps`` 1; see the module docstring); False: the hybrid
     planner's plan always."""
     lengths = as_sizes(lengths)
-    g = _largest_group(n_ranks)
-    limit = model.doc_limit(g)
+    limit, g = model.pool_limit(n_ranks)
     doc, start, length, cut = _items(lengths, limit, over_length, "the pool's limit",
-                                     f" ({g} ranks x rank_capacity {model.rank_capacity}, CP "
-                                     f"padding included)")
+                                     f" ({pool_group(g, n_ranks)} x rank_capacity "
+                                     f"{model.rank_capacity}, CP padding included)")
     if table is None or cut:
         table = model.table(length, n_ranks)
     plan = plan_batch(table.time, table.tokens, model.rank_capacity, n_ranks,
@@ -196,7 +207,7 @@ def plan_batches(lengths: np.ndarray, budget: int,
           knobs=("over_length",))
 def plan(lengths, cost, n_ranks, budget, config):
     P = int(n_ranks)
-    limit = cost.doc_limit(_largest_group(P))
+    limit, _ = cost.pool_limit(P)
 
     def one(docs):
         tab = cost.table(docs, P) if (docs <= limit).all() else None  # timed apart

@@ -18,7 +18,7 @@ from packing.validate import as_sizes
 from ..config import renamed
 from ..cost.cp import CPCostModel, CPCostTable
 from .fixed_cp import plan_fixed_cp
-from .hybrid import OverLimit, _largest_group, plan_hybrid
+from .hybrid import OverLimit, plan_hybrid
 from .megatron_hybrid import plan_megatron_hybrid
 from .registry import register
 
@@ -65,8 +65,7 @@ def stream_steps(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, *
     document trains in without moving and with tall documents moved (numbers of the stream's
     steps; a step that no document trains in is left out of the plan), and the cost table of
     the documents (cut to the pool's limit) that planned it. ``table`` may pass that table already built (``model.table(np.minimum(lengths,
-    limit), n_ranks)``, ``limit`` the pool's: :meth:`CPCostModel.doc_limit` of its largest
-    aligned group)."""
+    limit), n_ranks)``, ``limit`` the pool's: :meth:`CPCostModel.pool_limit`)."""
     lengths = as_sizes(lengths)
     P = int(n_ranks)
     budget = int(batch_tokens)
@@ -75,7 +74,7 @@ def stream_steps(lengths, model: CPCostModel, n_ranks: int, batch_tokens: int, *
     cs = np.cumsum(lengths)
     before = cs - lengths
     home = before // budget  # the step of every document without moving
-    limit = model.doc_limit(_largest_group(P))
+    limit, _ = model.pool_limit(P)
     if table is None:
         table = model.table(np.minimum(lengths, limit), P)
     elif table.time.shape[0] != lengths.shape[0]:
@@ -126,7 +125,7 @@ def plan_hybrid_stream(lengths, model: CPCostModel, n_ranks: int, batch_tokens: 
     lengths = as_sizes(lengths)
     n = lengths.shape[0]
     P = int(n_ranks)
-    limit = model.doc_limit(_largest_group(P))
+    limit, _ = model.pool_limit(P)
     if table is None or (lengths > limit).any():   # built before the clock starts
         table = model.table(np.minimum(lengths, limit), P)
     t0 = time.perf_counter()

@@ -18,7 +18,8 @@ from packing.hybrid_cp import HybridPlan
 from ...config import PlannerConfig, renamed
 from ...cost.cp import CPCostModel, CPHardware
 from ...strategies import registry as strategies
-from ...strategies.hybrid import _largest_group, global_batches  # noqa: F401 (dispatch.global_batches)
+from ...strategies.hybrid import (_largest_group, global_batches,  # noqa: F401 (dispatch.*)
+                                   pool_group)
 
 #: named strategies of the hybrid mode (the ``fixed_cp<c>`` family comes on top, one per degree)
 HYBRID_STRATEGIES = tuple(n for n in strategies.names("hybrid") if not strategies.is_family(n))
@@ -64,13 +65,11 @@ def check_pool_limit(lengths: np.ndarray, cost: CPCostModel, n_ranks: int,
     shuffled batches, whose positions are not sample ids), its length and the limit."""
     if over_length == "chunk":
         return
-    g = _largest_group(n_ranks)
-    limit = cost.doc_limit(g)
+    limit, g = cost.pool_limit(n_ranks)
     over = np.flatnonzero(np.asarray(lengths) > limit)
     if over.size:
         i = int(over[0])
-        group = f"{g} ranks" if g == n_ranks else \
-            f"its largest aligned group: {g} of the pool's {n_ranks} ranks"
+        group = pool_group(g, n_ranks)
         raise ValueError(f"sample {i}: length {int(lengths[i])} exceeds the pool's limit of "
                          f"{limit} tokens ({group} x rank_capacity {cost.rank_capacity}, CP "
                          f"padding included); --over-length chunk (over_length='chunk') cuts "
