@@ -57,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--cost-model", default="quadratic-64k", help="cost model name or YAML")
     g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
     g.add_argument("--seed", type=int, default=0, help="data, init and shuffle seed")
+    g.add_argument("--window-samples", type=int, default=None,
+                   help="plan the epoch in independent windows of this many samples (default: "
+                        "one window; with --calibrate-online 200, about 5 steps)")
     g.add_argument("--shuffle-seed", type=int, default=None,
                    help="seed of the plan's shuffle only (default: --seed); another value "
                         "trains the same model on the same data in another order")
@@ -78,6 +81,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dump-grads", default=None,
                    help="save the reduced gradients of the first step here (tests)")
     g.add_argument("--timeout", type=int, default=300, help="collective timeout, seconds")
+    g = p.add_argument_group("closed loop (balancer.loader.online)")
+    g.add_argument("--calibrate-online", action="store_true",
+                   help="time every microbatch's forward and backward, refit the cost model "
+                        "every --refit-every steps on every rank's times and re-plan the "
+                        "windows not yet handed out; the log gets an online_calibration block")
+    g.add_argument("--refit-every", type=int, default=5, help="steps between refits")
+    g.add_argument("--refit-skip", type=int, default=2,
+                   help="first steps left out of the fits and the error figures (warm-up)")
+    g.add_argument("--online-clock", choices=("wall", "cpu"), default="wall",
+                   help="what the closed loop measures on CPU: wall-clock seconds, or the "
+                        "rank's CPU seconds (blind to other processes on a shared machine)")
+    g.add_argument("--online-measure-only", action="store_true",
+                   help="with --calibrate-online: measure and log predicted vs measured, never "
+                        "refit (a baseline that runs the same windows and clock)")
+    g.add_argument("--measured", default=None,
+                   help="JSON lines of per-step predicted vs measured times and the refits "
+                        "(python -m balancer report --measured FILE draws them)")
     g.add_argument("--cp-mode", choices=("fixed", "hybrid"), default="fixed",
                    help="hybrid: per-document CP degree over gloo subgroups, run by "
                         "tools/train_cp.py (its flags: --cp, --rank-capacity, ...); fixed: this "
@@ -163,8 +183,11 @@ def build_loader(args, ds, rank: int, world: int):
     cost = load_cost_model(args.cost_model)
     layout = Layout(dp=world, microbatches=args.microbatches, capacity=args.capacity)
     seed = args.seed if args.shuffle_seed is None else args.shuffle_seed
+    window = args.window_samples
+    if window is None and args.calibrate_online:
+        window = 200  # a window of about 5 steps: a refit re-plans from the next window on
     config = PlannerConfig(strategy=args.strategy, seed=seed, max_delay=args.max_delay,
-                           over_length="chunk")
+                           over_length="chunk", window_samples=window)
     samples = SampleTable.from_dataset(ds, "length")
     sampler = PackedBatchSampler(samples, cost, layout, config)
     loader = torch.utils.data.DataLoader(
@@ -188,10 +211,20 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
     scale = world if args.sync == "ddp" else 1  # DDP averages; we want the sum over ranks
     records, done = [], 0
     held_out = eval_batches(args) if args.eval_every and rank == 0 else None
+    online = timer = None
+    if args.calibrate_online:
+        from balancer.loader.online import OnlineCalibrator, OnlineConfig
+        from balancer.loader.timing import MicrobatchTimer
+        timer = MicrobatchTimer("cpu", clock=args.online_clock)
+        online = OnlineCalibrator(sampler, timer, OnlineConfig(
+            every=args.refit_every, skip_steps=args.refit_skip,
+            refit=not args.online_measure_only),
+                                  jsonl=args.measured)
+    elif args.measured:
+        raise ValueError("--measured needs --calibrate-online")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         plan = sampler.plan
-        cost = plan.mb_fwd + plan.mb_bwd
         it = iter(loader)
         while True:
             rec = {"step": None, "compute_s": 0.0, "wait_s": 0.0, "sync_s": 0.0,
@@ -207,18 +240,26 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
                 t1 = time.perf_counter()
                 last = bool(b["last_in_step"])
                 ctx = ddp.no_sync() if (args.sync == "explicit" or not last) else _null()
+                if timer is not None:
+                    timer.begin(b, step=done)
                 with ctx:
                     logits = ddp(b["input_ids"], b["position_ids"], b["cu_seqlens"],
                                  b["max_seqlen"])
                     loss_sum = token_loss_sum(logits, b["shift_labels"])
+                    if timer is not None:
+                        timer.split()
                     (loss_sum * (scale / b["step_loss_tokens"])).backward()
+                if timer is not None:
+                    timer.end()
                 t2 = time.perf_counter()
                 rec["wait_s"] += t1 - t0
                 rec["compute_s"] += t2 - t1
                 rec["loss_sum"] += float(loss_sum.detach())
                 rec["tokens"] += int(b["input_ids"].shape[0])
                 rec["microbatches"] += 1
-                rec["predicted_cost"] += float(cost[b["mb"]])
+                # the plan as it stands (a refit re-plans the windows not yet handed out)
+                plan = sampler.plan
+                rec["predicted_cost"] += float(plan.mb_fwd[b["mb"]] + plan.mb_bwd[b["mb"]])
                 rec["step"], rec["step_loss_tokens"] = done, int(b["step_loss_tokens"])
             if rec["microbatches"] == 0:
                 break
@@ -237,6 +278,8 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
             rec["epoch"] = epoch
             records.append(rec)
             done += 1
+            if online is not None:
+                online.step_done()  # every --refit-every steps: exchange, refit, re-plan
             if held_out is not None and done % args.eval_every == 0:
                 # after the step's timing: the other ranks' compute is not held up by it
                 rec["eval_loss"] = eval_loss(model, held_out)
@@ -246,6 +289,10 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
             break
     if held_out is not None and records and "eval_loss" not in records[-1]:
         records[-1]["eval_loss"] = eval_loss(model, held_out)
+    if online is not None and records:
+        if done % args.refit_every:
+            online.exchange()  # the last steps' times (a collective: every rank is here)
+        records[-1]["online_calibration"] = online.summary()
     return records
 
 
@@ -260,13 +307,17 @@ class _null:
 def merge_log(args: argparse.Namespace, per_rank: list[list[dict]]) -> dict:
     """Per-rank records -> the JSON log (one entry per step, per-rank lists)."""
     n = min(len(r) for r in per_rank)
-    steps = []
+    steps, online = [], None
     for s in range(n):
         rs = [r[s] for r in per_rank]
         entry = {"step": s, "epoch": rs[0]["epoch"], "step_loss_tokens": rs[0]["step_loss_tokens"],
                  "loss": sum(r["loss_sum"] for r in rs) / rs[0]["step_loss_tokens"]}
         if "eval_loss" in rs[0]:
             entry["eval_loss"] = rs[0]["eval_loss"]
+        if "online_calibration" in rs[0]:
+            online = dict(rs[0]["online_calibration"])
+            # every rank fitted the same coefficients and plans (checked at every refit)
+            online["ranks_agree"] = all(r["online_calibration"]["ranks_agree"] for r in rs)
         for k in ("compute_s", "wait_s", "sync_s", "step_s", "tokens", "microbatches",
                   "predicted_cost"):
             entry[k] = [r[k] for r in rs]
@@ -275,14 +326,21 @@ def merge_log(args: argparse.Namespace, per_rank: list[list[dict]]) -> dict:
     wall = sum(sum(e["step_s"]) for e in steps)
     comp = np.array([e["compute_s"] for e in steps]) if steps else np.zeros((0, 1))
     cfg = {k: v for k, v in vars(args).items() if k not in ("data_path",)}
-    return {"config": cfg, "strategy": args.strategy, "world": args.world, "steps": steps,
+    out = {"config": cfg, "strategy": args.strategy, "world": args.world, "steps": steps,
             "summary": {"steps": n, "wait_fraction": wait / wall if wall else 0.0,
                         # the first step waits for workers to start; steady state excludes it
                         "wait_fraction_steady": _fraction(steps[1:]),
                         "compute_imbalance_mean": float(np.mean(comp.max(1) / comp.mean(1)))
                         if n else float("nan"),
+                        # the steady state a balancer reaches (the closed loop's proof compares it)
+                        "compute_imbalance_last10": float(np.mean(
+                            comp[-10:].max(1) / comp[-10:].mean(1))) if n else float("nan"),
                         "first_loss": steps[0]["loss"] if steps else None,
                         "last_loss": steps[-1]["loss"] if steps else None}}
+    if online is not None:
+        online["compute_imbalance_last10"] = out["summary"]["compute_imbalance_last10"]
+        out["online_calibration"] = online
+    return out
 
 
 def _fraction(steps) -> float:

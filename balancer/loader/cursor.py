@@ -78,6 +78,7 @@ class EpochCursor:
         self.drained = False  # the current pass ran out and its reader let go of it
         self._permit: Optional[tuple] = None  # (generation, position) a loader snapshot allows
         self.lengths: dict[int, int] = {}  # refs of every epoch seen (after= of past epochs)
+        self.resizes = 0  # bumped when the epoch's unhanded refs were re-planned (resized)
 
     def n(self) -> int:
         n = self.lengths[self.epoch] = int(self._length(self.epoch))
@@ -131,6 +132,12 @@ class EpochCursor:
         asked, self._asked = self._asked, None
         if asked is not None:  # set_epoch before a lazy restore (StatefulDataLoader)
             self._select(asked)
+
+    def resized(self) -> None:
+        """The current epoch's refs not yet handed out were re-planned (the closed loop): a
+        pass in progress reads the new length and goes on from where it stands."""
+        self.resizes += 1
+        self.n()
 
     # ---- passes ---------------------------------------------------------------------------
     def iterate(self, ref: Callable[[int], object]) -> "Pass":
@@ -216,6 +223,7 @@ class Pass:
     def _start(self) -> None:
         c = self._cursor
         self._gen, self._pos, self._n, self._first = c.generation, c.next, c.n(), c.next
+        self._resizes = c.resizes
         c._asked = c._restored = None
         c._pass_id += 1
         self._id = c._pass_id
@@ -234,6 +242,8 @@ class Pass:
             self._started = True
             self._start()
         c = self._cursor
+        if c.resizes != self._resizes:
+            self._n, self._resizes = c.n(), c.resizes
         if self._ran_out or c.generation != self._gen or self._pos >= self._n:
             if not self._ran_out:
                 self._ran_out = True

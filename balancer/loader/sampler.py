@@ -105,6 +105,10 @@ class PackedBatchSampler(Sampler):
         self._set_ranks(num_replicas, rank, dp_rank, cp_rank, pp_rank, tp)
         self._carry: dict[int, Optional[Items]] = {0: None}
         self._plan: Optional[Plan] = None
+        # the closed loop's refit models: (epoch, first window, model), in the order applied;
+        # window w of epoch e is planned with the last one at or before (e, w) (:meth:`refit`)
+        self._refits: list[tuple[int, int, CostModel]] = []
+        self._window_steps: Optional[np.ndarray] = None
         # where the epoch stands, passes and the read-ahead guard: the loader's one contract
         self.cursor = EpochCursor(epoch_number(epoch, "PackedBatchSampler(epoch=...)"),
                                   self._epoch_length, "microbatch")
@@ -166,10 +170,12 @@ class PackedBatchSampler(Sampler):
         else:
             known = max(e for e in self._carry if e <= epoch)
             plan = None
-            from ..planning.planner import plan_epoch  # the planner (numba) only when planning here
+            # the planner (numba) only when planning here
+            from ..planning.planner import plan_epoch_windows
             for e in range(known, epoch + 1):  # thread the carried tail up to this epoch
-                plan = plan_epoch(self.samples, self.cost, self.layout, self.config, e,
-                                  self._carry[e])
+                plan, self._window_steps = plan_epoch_windows(
+                    self.samples, self._window_cost(e), self.layout, self.config, e,
+                    self._carry[e])
                 self._carry[e + 1] = plan.leftover if self.config.tail == "carry" else None
         if plan.layout != self.layout:
             raise ValueError(f"plan layout {plan.layout} differs from the sampler's {self.layout}")
@@ -177,6 +183,69 @@ class PackedBatchSampler(Sampler):
             raise ValueError(f"plan was made for dataset {plan.dataset_fingerprint}, the sampler "
                              f"has {self.samples.fingerprint()}")
         return plan
+
+    def _window_cost(self, epoch: int) -> Callable[[int], CostModel]:
+        """Window -> the model it is planned with: the newest refit at or before it."""
+        def cost(window: int) -> CostModel:
+            model = self.cost
+            for e, w, m in self._refits:
+                if (e, w) <= (epoch, window):
+                    model = m
+            return model
+        return cost
+
+    # ---- the closed loop (balancer.loader.online) -----------------------------------------
+    def handed_out_steps(self) -> int:
+        """Steps of the current epoch of which this rank has handed out a microbatch (a
+        DataLoader's workers read ahead of the training loop: these are planned for good)."""
+        pos = self.cursor.position
+        self.plan
+        return 0 if pos == 0 else int(self._my_step[pos - 1]) + 1
+
+    def refit(self, model: CostModel, from_step: int) -> int:
+        """Plan the current epoch's windows that start at or after step ``from_step`` (and
+        every later epoch) with ``model``; returns the first re-planned step (the epoch's step
+        count when no window is left: the model then starts with the next epoch). Every rank
+        must call it with the same model and ``from_step`` (at least every rank's
+        :meth:`handed_out_steps`); the model becomes part of :meth:`state_dict`. Only a sampler
+        that plans in memory (``samples``, ``cost``, ``layout``) can re-plan."""
+        if self._source is not None:
+            raise ValueError("refit re-plans in memory: give the sampler samples, cost and "
+                             "layout, not plan= or plan_dir=")
+        if not isinstance(model, CostModel):
+            raise TypeError(f"refit takes a CostModel, got {type(model).__name__}")
+        handed = self.handed_out_steps()
+        if from_step < handed:
+            raise ValueError(f"refit from step {from_step}: this rank has handed out "
+                             f"microbatches of steps up to {handed - 1} already")
+        ws, old = self._window_steps, self._plan
+        first = int(np.searchsorted(ws[:-1], from_step, side="left"))
+        later = {e: c for e, c in self._carry.items() if e > self.epoch}
+        for e in later:  # later epochs' tails are re-planned
+            del self._carry[e]
+        while True:
+            self._refits.append((self.epoch, first, model))
+            self._plan = None
+            try:
+                self.plan
+                break
+            except ValueError:
+                # a window the new costs cannot plan (a windowed tail the packer refuses): the
+                # same on every rank, so every rank moves the refit one window on alike
+                self._refits.pop()
+                if first >= len(ws) - 1:
+                    self._plan, self._window_steps = old, ws
+                    self._carry.update(later)
+                    self._index_plan(old)
+                    raise
+                first += 1
+        self.cursor.resized()
+        return int(ws[first])
+
+    @property
+    def refits(self) -> list[tuple[int, int, CostModel]]:
+        """``(epoch, first window, model)`` of every refit applied, oldest first."""
+        return list(self._refits)
 
     @property
     def plan(self) -> Plan:
@@ -294,6 +363,9 @@ class PackedBatchSampler(Sampler):
             "carry_in": None if carry is None else {
                 "sample": carry.sample.tolist(), "start": carry.start.tolist(),
                 "length": carry.length.tolist()},
+            # the closed loop's models (refit): the plan is re-made from them on resume
+            "refits": [{"epoch": e, "window": w, "model": m.model_dump(mode="json")}
+                       for e, w, m in self._refits],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -322,6 +394,8 @@ class PackedBatchSampler(Sampler):
             self._carry = {0: None}
             self._carry[epoch] = None if c is None else Items(
                 *(np.asarray(c[k], np.int64) for k in ("sample", "start", "length")))
+        self._refits = [(int(r["epoch"]), int(r["window"]), CostModel.model_validate(r["model"]))
+                        for r in state.get("refits", ())]
         self._plan = None
 
         def same_plan():

@@ -8,13 +8,14 @@ no communication.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..config import Layout, PlannerConfig, check_budget, check_fixed_mode, step_budget
-from ..cost.blocks import microbatch_costs
+from ..cost.blocks import doc_totals, microbatch_costs
 from ..cost.model import CostModel
 from ..samples import SampleTable
 from ..strategies import registry as strategies
@@ -104,6 +105,46 @@ def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
     plan = build_plan(samples, cost, layout, config, epoch, stream, sp)
     plan.stats["plan_seconds"] = time.perf_counter() - t0
     return plan
+
+
+def plan_epoch_windows(samples: SampleTable, window_cost: Callable[[int], CostModel],
+                       layout: Layout, config: Optional[PlannerConfig] = None, epoch: int = 0,
+                       carry_in: Optional[Items] = None) -> tuple[Plan, np.ndarray]:
+    """Plan one epoch with window ``i`` balanced under ``window_cost(i)`` (the closed loop's
+    refit models: windows not yet handed out are re-planned with the newest coefficients).
+    Returns the plan and ``window_steps`` (int64[W + 1]: window ``i`` holds steps
+    ``window_steps[i]:window_steps[i + 1]``). Every window is planned on its own (as in
+    :func:`plan_epoch`), so with one model for every window the plan is :func:`plan_epoch`'s,
+    bit for bit; its ``cost_model`` names every distinct model in window order."""
+    config = config or PlannerConfig()
+    strategies.get(config.strategy)
+    check_fixed_mode(layout, "plan_epoch", config)
+    check_budget(layout, *step_budget(layout, config))
+    t0 = time.perf_counter()
+    base = window_cost(0)
+    stream = epoch_stream(samples, base, layout, config, epoch, carry_in)
+    wins = stream.windows(config)
+    models = [base] + [window_cost(i) for i in range(1, len(wins))]
+    for (lo, hi), m in zip(wins, models):
+        if m != base:  # the balanced cost of the window's items under its own model
+            stream.costs[lo:hi] = doc_totals(m, stream.items.length[lo:hi])
+    parts = [plan_window(stream, layout, config, lo, hi, i == len(wins) - 1)
+             for i, (lo, hi) in enumerate(wins)]
+    window_steps = np.concatenate([[0], np.cumsum([p.step_mbs.shape[0] for p in parts])])
+    n_mb = np.concatenate([[0], np.cumsum([p.mb_offsets.shape[0] - 1 for p in parts])])
+    plan = build_plan(samples, base, layout, config, epoch, stream, merge_windows(parts))
+    names = list(dict.fromkeys(m.name for m in models))
+    if len(names) > 1:
+        fwd, bwd = plan.mb_fwd.copy(), plan.mb_bwd.copy()
+        for i, m in enumerate(models):
+            if m != base:
+                lo, hi = int(n_mb[i]), int(n_mb[i + 1])
+                off = plan.mb_offsets[lo:hi + 1]
+                fwd[lo:hi], bwd[lo:hi] = microbatch_costs(
+                    m, plan.entry_length[off[0]:off[-1]], off - off[0])
+        plan = dataclasses.replace(plan, cost_model="+".join(names), mb_fwd=fwd, mb_bwd=bwd)
+    plan.stats["plan_seconds"] = time.perf_counter() - t0
+    return plan, window_steps.astype(np.int64)
 
 
 def plan_epochs(samples: SampleTable, cost: CostModel, layout: Layout,

@@ -1,0 +1,182 @@
+"""The closed loop in the loader (balancer.loader.online, PackedBatchSampler.refit): a refit
+re-plans only the windows not yet handed out, the refit models resume exactly from the
+sampler's state, the calibrator recovers the true coefficients from a deterministic synthetic
+clock, and two gloo ranks agree on the coefficients and the plans at every refit. No wall-clock
+thresholds: every time here comes from the synthetic clock."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from balancer import CostModel, Layout, PlannerConfig, SampleTable
+from balancer.cost.model import PassCost
+from balancer.cost.refit import coefficients
+from balancer.loader.online import OnlineCalibrator, OnlineConfig, digest
+from balancer.loader.sampler import PackedBatchSampler
+from balancer.loader.timing import MicrobatchTimer
+from balancer.planning.planner import plan_epoch, plan_epoch_windows
+from tests.common.gloo import run_ranks
+
+TRUE = CostModel(name="true", unit="seconds",
+                 forward=PassCost(a=4e-8, b=1.2e-5, c=1.5e-3, d=1e-4),
+                 backward=PassCost(a=8e-8, b=2.5e-5, c=1e-3, d=2e-4))
+WRONG = CostModel.quadratic(65536)
+LENGTHS = np.random.default_rng(7).integers(1, 700, 400)
+LAYOUT = Layout(dp=2, microbatches=2, capacity=1024)
+CONFIG = PlannerConfig(seed=1, over_length="chunk", window_samples=40)
+
+
+def sampler(dp_rank=None):
+    return PackedBatchSampler(SampleTable(LENGTHS), WRONG, LAYOUT, CONFIG, dp_rank=dp_rank)
+
+
+class Clock:
+    """A deterministic clock the test moves by the true cost of each pass."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_loop(s, calib, clock, steps, noise=None):
+    """Hand out ``steps`` steps of ``s``, timing each microbatch on the synthetic clock with
+    the true model (times ``noise(step, slot)`` when given); step_done after every step."""
+    timer, done = calib.timer, 0
+    for ref in s:
+        f, b = TRUE.microbatch_cost(ref.lengths)
+        k = 1.0 if noise is None else noise(ref.step, ref.slot)
+        timer.begin(ref)
+        clock.now += f * k
+        timer.split()
+        clock.now += b * k
+        timer.end()
+        if ref.slot == ref.step_microbatches - 1:
+            calib.step_done()
+            done += 1
+            if done == steps:
+                break
+    return done
+
+
+def test_plan_epoch_windows_with_one_model_is_plan_epoch():
+    samples = SampleTable(LENGTHS)
+    p = plan_epoch(samples, WRONG, LAYOUT, CONFIG)
+    q, ws = plan_epoch_windows(samples, lambda i: WRONG, LAYOUT, CONFIG)
+    assert q.fingerprint() == p.fingerprint() and q.cost_model == p.cost_model
+    np.testing.assert_array_equal(q.mb_fwd, p.mb_fwd)
+    np.testing.assert_array_equal(q.mb_bwd, p.mb_bwd)
+    assert ws[0] == 0 and ws[-1] == p.n_steps and (np.diff(ws) > 0).all()
+
+
+def _steps(plan, upto):
+    so = plan.step_offsets
+    lo, hi = plan.mb_offsets[0], plan.mb_offsets[so[upto]]
+    return (plan.step_mbs[:upto].tolist(), plan.mb_offsets[:so[upto] + 1].tolist(),
+            plan.entry_sample[lo:hi].tolist(), plan.entry_length[lo:hi].tolist())
+
+
+def test_refit_replans_only_what_is_not_handed_out():
+    s = sampler(dp_rank=0)
+    it = iter(s)
+    for _ in range(9):
+        next(it)
+    handed = s.handed_out_steps()
+    old = s.plan
+    with pytest.raises(ValueError, match="handed out"):
+        s.refit(TRUE, handed - 1)
+    first = s.refit(TRUE, handed)
+    new = s.plan
+    assert first >= handed and first < old.n_steps
+    assert _steps(new, first) == _steps(old, first)  # what may be in flight is untouched
+    assert new.fingerprint() != old.fingerprint() and new.cost_model == "quadratic-64k+true"
+    so = new.step_offsets
+    f, b = TRUE.microbatch_cost(new.entry_length[new.mb_offsets[so[first]]:
+                                                 new.mb_offsets[so[first] + 1]])
+    assert math.isclose(new.mb_fwd[so[first]], f) and math.isclose(new.mb_bwd[so[first]], b)
+    rest = list(it)  # the pass in progress goes on in the re-planned epoch
+    assert 9 + len(rest) == len(s)
+    assert [r.position for r in rest] == list(range(9, len(s)))
+    # every sample's tokens exactly once over both ranks of the re-planned epoch
+    plan = s.plan
+    covered = np.zeros(len(LENGTHS), np.int64)
+    np.add.at(covered, plan.entry_sample, plan.entry_length)
+    np.testing.assert_array_equal(covered, LENGTHS)
+
+
+def test_resume_with_refit_models_is_exact():
+    s = sampler(dp_rank=1)
+    it = iter(s)
+    for _ in range(7):
+        next(it)
+    s.refit(TRUE, s.handed_out_steps())
+    for _ in range(8):
+        next(it)
+    s.refit(TRUE.model_copy(update={"name": "second"}), s.handed_out_steps())
+    next(it)
+    state = json.loads(json.dumps(s.state_dict()))  # a checkpoint on disk
+    rest = [(list(r), r.step, r.slot) for r in it]
+    t = sampler(dp_rank=1)
+    t.load_state_dict(state)
+    assert t.plan_fingerprint == s.plan_fingerprint and t.refits == s.refits
+    assert [(list(r), r.step, r.slot) for r in t] == rest
+    # the models are what the plan is made from: without them the plan is refused
+    bare = dict(state, refits=[])
+    with pytest.raises(ValueError, match="plan"):
+        sampler(dp_rank=1).load_state_dict(bare)
+
+
+def test_calibrator_recovers_the_true_model_from_a_synthetic_clock(tmp_path):
+    s = sampler(dp_rank=0)
+    clock = Clock()
+    calib = OnlineCalibrator(s, MicrobatchTimer(clock=clock),
+                             OnlineConfig(every=3, skip_steps=0), jsonl=tmp_path / "m.jsonl")
+    assert run_loop(s, calib, clock, 9) == 9
+    assert [r["step"] for r in calib.refit_records] == [3, 6, 9]
+    for got, want in zip(coefficients(calib.model), coefficients(TRUE)):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-18)
+    summ = calib.summary()
+    assert summ["prediction_error_first"] > 0.01  # the wrong model's shape, one scale fitted
+    assert summ["prediction_error_last"] < 1e-9  # the refit model predicts the clock exactly
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["type"] == "step"] == list(range(9))
+    assert sum(x["type"] == "refit" for x in lines) == 3
+
+
+def test_measure_only_keeps_the_plan():
+    s = sampler(dp_rank=0)
+    fp = s.plan_fingerprint
+    clock = Clock()
+    calib = OnlineCalibrator(s, MicrobatchTimer(clock=clock),
+                             OnlineConfig(every=2, skip_steps=0, refit=False))
+    run_loop(s, calib, clock, 4)
+    assert s.plan_fingerprint == fp and not calib.refit_records and not s.refits
+    assert len(calib.step_records) == 4
+
+
+# ---- two gloo ranks ---------------------------------------------------------------------------
+
+def _two_ranks(rank, world, out):
+    s = PackedBatchSampler(SampleTable(LENGTHS), WRONG, LAYOUT, CONFIG)  # ranks from the group
+    clock = Clock()
+    calib = OnlineCalibrator(s, MicrobatchTimer(clock=clock), OnlineConfig(every=3, skip_steps=1))
+    # each rank's own deterministic jitter: the ranks measure different times, fit the same
+    noise = lambda step, slot: 1.0 + 0.03 * math.sin(7 * step + 3 * slot + 11 * rank)  # noqa: E731
+    run_loop(s, calib, clock, 12, noise)
+    rec = {"digests": [r["coefficients_digest"] for r in calib.refit_records],
+           "plans": [r["plan_fingerprint"] for r in calib.refit_records],
+           "first": [r["first_replanned_step"] for r in calib.refit_records],
+           "agree": calib.ranks_agree, "final": s.plan_fingerprint, "model": digest(calib.model),
+           "state_refits": s.state_dict()["refits"]}
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_agree_on_coefficients_and_plans(tmp_path):
+    run_ranks(_two_ranks, 2, tmp_path)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert len(r0["digests"]) == 4 and r0["agree"] and r1["agree"]
+    assert r0 == r1
