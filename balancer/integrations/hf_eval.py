@@ -76,8 +76,7 @@ class PackedEvalMixin:
             eval_dataset = self.eval_dataset
         sampler = self.packed_eval_sampler_for(eval_dataset)
         sampler.set_epoch(0)
-        ds = eval_dataset if isinstance(eval_dataset, PackedDataset) else PackedDataset(
-            eval_dataset, tokens_column=self.packed_tokens_column)
+        ds = self.packed_dataset(eval_dataset)  # the training signal of the training set
         loader = torch.utils.data.DataLoader(
             ds, batch_sampler=_Restarting(sampler), collate_fn=self.packed_collate,
             num_workers=self.args.dataloader_num_workers,

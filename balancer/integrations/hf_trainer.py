@@ -56,6 +56,8 @@ from .hf import model_inputs
 from .hf_eval import PackedEvalMixin
 
 META = "balancer"
+#: dataset columns that carry a training signal (which tokens are trained)
+LOSS_COLUMNS = ("labels", "completion_mask", "assistant_masks")
 #: the Trainer's methods the epoch hooks wrap, with the parameters they pass on by name
 _HOOKS = {"_run_epoch": ("epoch", "steps_in_epoch", "num_update_steps_per_epoch",
                          "resume_from_checkpoint", "epochs_trained"),
@@ -113,12 +115,23 @@ class PackedTrainerMixin(PackedEvalMixin):
     :mod:`balancer.integrations.hf_eval`)."""
 
     def __init__(self, *args, packed_sampler, packed_collator: Optional[PackedCollator] = None,
-                 tokens_column: str = "input_ids", keep_history: bool = False,
-                 packed_eval_sampler=None, **kwargs):
+                 tokens_column: str = "input_ids", labels_column: Optional[str] = None,
+                 loss_mask_column: Optional[str] = None, token_columns=(),
+                 keep_history: bool = False, packed_eval_sampler=None, **kwargs):
         self.packed_sampler = packed_sampler
         self._packed_eval_init(packed_eval_sampler)
         self.packed_tokens_column = tokens_column
+        self.packed_columns = {"labels_column": labels_column,
+                               "loss_mask_column": loss_mask_column,
+                               "token_columns": tuple(token_columns)}
         self.packed_collate = HFPackedCollator(packed_collator)
+        train = kwargs.get("train_dataset")
+        if (kwargs.get("data_collator") is None and train is not None
+                and set(_column_names(train)) & set(LOSS_COLUMNS)):
+            # the packed collator is the one that batches the training data, and it honours
+            # the masks: TRL refuses a mask column without labels for its own collator, which
+            # would ignore it (skip_prepare_dataset=True)
+            kwargs["data_collator"] = self.packed_collate
         self.packed_history = [] if keep_history else None
         self._packed_consumed: dict = {}  # epoch -> microbatches the Trainer consumed
         self._packed_start: dict = {}  # epoch -> this rank's position the epoch started at
@@ -151,13 +164,57 @@ class PackedTrainerMixin(PackedEvalMixin):
         if args.dataloader_num_workers > 0:
             kw = {"prefetch_factor": args.dataloader_prefetch_factor,
                   "persistent_workers": args.dataloader_persistent_workers}
-        ds = self.train_dataset
-        if not isinstance(ds, PackedDataset):  # e.g. a tokenized datasets.Dataset (TRL wants one)
-            ds = PackedDataset(ds, tokens_column=self.packed_tokens_column)
+        ds = self.packed_dataset(self.train_dataset)
         loader = torch.utils.data.DataLoader(
             ds, batch_sampler=self.packed_sampler, collate_fn=self.packed_collate,
             num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory, **kw)
         return prepare_loader(self.accelerator, loader)
+
+    def packed_dataset(self, dataset) -> PackedDataset:
+        """``dataset`` wrapped for the packed loader with the training signal it carries
+        (:meth:`packed_loss_columns`); a :class:`PackedDataset` is used as it is."""
+        if isinstance(dataset, PackedDataset):
+            return dataset
+        kw = {k: v for k, v in self.packed_loss_columns(dataset).items() if v}
+        return PackedDataset(dataset, tokens_column=self.packed_tokens_column, **kw)
+
+    def packed_loss_columns(self, dataset) -> dict:
+        """``labels_column`` / ``loss_mask_column`` / ``token_columns`` for ``dataset``: the
+        ones given to the mixin; else the dataset's ``labels`` column (token ids, -100 where
+        not trained: the Hugging Face convention, which TRL also leaves as it is); else, for
+        an ``SFTTrainer``, the mask its config asks for: ``completion_mask`` with
+        ``completion_only_loss`` (``None``: when the column is there), ``assistant_masks``
+        with ``assistant_only_loss`` (and whenever present, as TRL does). A flag whose column
+        is missing is an error (``skip_prepare_dataset=True`` skips TRL's building of it),
+        and so are both masks at once (give a ``labels`` column)."""
+        cols = dict(self.packed_columns)
+        if cols["labels_column"] or cols["loss_mask_column"]:
+            return cols
+        names = set(_column_names(dataset))
+        if "labels" in names:
+            return {**cols, "labels_column": "labels"}
+        masks = []
+        completion = getattr(self, "completion_only_loss", None)  # SFTTrainer resolves None
+        if completion is None:
+            completion = getattr(self.args, "completion_only_loss", False)
+        if completion and "completion_mask" in names:
+            masks.append("completion_mask")
+        elif completion is True and getattr(self.args, "completion_only_loss", None) is True:
+            raise ValueError("completion_only_loss=True but the dataset has no 'completion_mask' "
+                             "column (0 on the prompt, 1 on the completion); "
+                             "skip_prepare_dataset=True skips TRL's building of it")
+        if getattr(self.args, "assistant_only_loss", False) or "assistant_masks" in names:
+            if "assistant_masks" not in names:
+                raise ValueError("assistant_only_loss=True but the dataset has no "
+                                 "'assistant_masks' column: tokenize it with tokenizer."
+                                 "apply_chat_template(messages, return_dict=True, "
+                                 "return_assistant_tokens_mask=True)")
+            masks.append("assistant_masks")
+        if len(masks) > 1:
+            raise ValueError(f"the dataset has {masks}, both of which the config applies; the "
+                             f"packed loader takes one mask: give a 'labels' column (-100 "
+                             f"where either mask is 0) or loss_mask_column=")
+        return {**cols, "loss_mask_column": masks[0] if masks else None}
 
     # ---- the plan's epochs ----------------------------------------------------------------
     def packed_epoch_steps(self, epoch: int) -> np.ndarray:
@@ -303,6 +360,11 @@ class PackedTrainerMixin(PackedEvalMixin):
         if isinstance(inputs, StepPad):
             return torch.zeros((), device=self.args.device)
         return super().training_step(model, inputs, *args, **kwargs)
+
+
+def _column_names(dataset) -> list:
+    names = getattr(dataset, "column_names", None)
+    return list(names) if isinstance(names, (list, tuple)) else []
 
 
 def _check_hooks(trainer_cls) -> None:
