@@ -226,9 +226,21 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default="out/report", help="directory for report.json, report.md "
                    "and the PNG plots")
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    g.add_argument("--measured", default=None, metavar="FILE.jsonl",
+                   help="draw a training run's predicted vs measured step times, DP imbalance "
+                        "and refit coefficients over time from the JSON lines of the closed "
+                        "loop (balancer.loader.online; tools/train.py --measured) instead")
 
 
 def _report_run(args) -> int:
+    if getattr(args, "measured", None):
+        from ..report.measured import write_measured
+        s = write_measured(args.measured, args.out, plots=not args.no_plots)
+        print(f"{len(s['steps'])} steps, {len(s['refits'])} refits: prediction error "
+              f"{100 * s['prediction_error_first']:.1f}% (first 10 steps) -> "
+              f"{100 * s['prediction_error_last']:.1f}% (last 10), measured DP imbalance "
+              f"{s['imbalance_measured_last']:.3f} (last 10); wrote {', '.join(s['files'])}")
+        return 0
     report = run_report(args, out=args.out, plots=not args.no_plots)
     return 0 if all(s.get("valid") for s in report["strategies"].values()) else 1
 

@@ -38,7 +38,13 @@ What the mixin changes, and why:
 * ``evaluate()`` packs the eval set with a plan of its own and reports ``eval_loss`` as the
   exact token mean over every eval document (:mod:`balancer.integrations.hf_eval`);
 * at every epoch end it checks that the Trainer consumed every microbatch of the epoch (whole
-  steps only when the run stopped early: ``max_steps``, ``should_training_stop``).
+  steps only when the run stopped early: ``max_steps``, ``should_training_stop``);
+* ``packed_online=OnlineConfig(refit=False, every=K)`` times every microbatch's
+  ``training_step`` (forward + backward; CUDA events on a GPU) and every K steps logs, per step,
+  the predicted vs measured step time and DP imbalance through ``Trainer.log`` (keys
+  ``balancer/...``: TensorBoard, W&B), and as JSON lines to ``packed_online_jsonl``
+  (:mod:`balancer.loader.online`). Refitting is refused here: the Trainer fixes every epoch's
+  step count when ``train()`` starts, and a refit re-plans them.
 
 """
 from __future__ import annotations
@@ -117,7 +123,8 @@ class PackedTrainerMixin(PackedEvalMixin):
     def __init__(self, *args, packed_sampler, packed_collator: Optional[PackedCollator] = None,
                  tokens_column: str = "input_ids", labels_column: Optional[str] = None,
                  loss_mask_column: Optional[str] = None, token_columns=(),
-                 keep_history: bool = False, packed_eval_sampler=None, **kwargs):
+                 keep_history: bool = False, packed_eval_sampler=None, packed_online=None,
+                 packed_online_jsonl=None, **kwargs):
         self.packed_sampler = packed_sampler
         self._packed_eval_init(packed_eval_sampler)
         self.packed_tokens_column = tokens_column
@@ -156,6 +163,38 @@ class PackedTrainerMixin(PackedEvalMixin):
             raise ValueError("the model does not take num_items_in_batch, so the Trainer would "
                              "average the loss per microbatch; give compute_loss_func=")
         _check_hooks(Trainer)
+        self.packed_online = None
+        if packed_online is not None:
+            self._packed_online_init(packed_online, packed_online_jsonl)
+
+    # ---- the closed loop's measurement (balancer.loader.online) ----------------------------
+    def _packed_online_init(self, config, jsonl) -> None:
+        from collections import deque
+        from transformers import TrainerCallback
+        from ..loader.online import OnlineCalibrator
+        from ..loader.timing import MicrobatchTimer
+        if config.refit:
+            raise ValueError("packed_online: the HF Trainer fixes every epoch's step count when "
+                             "train() starts and a refit re-plans them; give "
+                             "OnlineConfig(refit=False) to measure and log (or refit in a "
+                             "plain loop, balancer.loader.online)")
+        self.packed_online = OnlineCalibrator(self.packed_sampler,
+                                              MicrobatchTimer(self.args.device), config,
+                                              jsonl=jsonl)
+        self._packed_timed: deque = deque()  # (step, document lengths) of the batches handed
+        trainer = self
+
+        class _Log(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                for r in trainer.packed_online.step_done():
+                    if r["type"] == "step":
+                        trainer.log({"balancer/step": r["step"],
+                                     "balancer/measured_step_s": max(r["measured_s"]),
+                                     "balancer/predicted_step_s": max(r["predicted_s"]),
+                                     "balancer/imbalance_measured": r["imbalance_measured"],
+                                     "balancer/imbalance_predicted": r["imbalance_predicted"],
+                                     "balancer/prediction_error": r["prediction_error"]})
+        self.add_callback(_Log())
 
     # ---- data -----------------------------------------------------------------------------
     def get_train_dataloader(self):
@@ -341,6 +380,9 @@ class PackedTrainerMixin(PackedEvalMixin):
                 f"the loader handed the Trainer microbatches of steps {sorted(steps)} (slots "
                 f"{slots}) for one optimizer step; one step must be the {k} microbatches of one "
                 "planned step (loader not re-sharded, sampler not moved during the epoch)")
+        if self.packed_online is not None:
+            for m in metas:  # the documents of each microbatch (cp is 1 here)
+                self._packed_timed.append((int(m["step"]), np.asarray(m["lengths"], np.int64)))
         for m in metas:
             key = int(m["epoch"])
             self._packed_consumed[key] = self._packed_consumed.get(key, 0) + 1
@@ -359,7 +401,14 @@ class PackedTrainerMixin(PackedEvalMixin):
     def training_step(self, model, inputs, *args, **kwargs):
         if isinstance(inputs, StepPad):
             return torch.zeros((), device=self.args.device)
-        return super().training_step(model, inputs, *args, **kwargs)
+        if self.packed_online is None:
+            return super().training_step(model, inputs, *args, **kwargs)
+        step, lengths = self._packed_timed.popleft()
+        timer = self.packed_online.timer
+        timer.begin(lengths, step=step)
+        out = super().training_step(model, inputs, *args, **kwargs)
+        timer.end()
+        return out
 
 
 def _column_names(dataset) -> list:
