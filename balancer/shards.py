@@ -137,6 +137,7 @@ class LengthFiles:
     The files must not change afterwards."""
 
     _CHUNK = 1 << 12  # values read together by take(): a block of the 'blocks' order
+    _BATCH = 1 << 10  # blocks read per batch of take() (32 MiB)
 
     def __init__(self, paths, block: int = 1 << 22):
         import hashlib
@@ -233,7 +234,8 @@ class LengthFiles:
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """``lengths[idx]`` (int64[k]): the blocks of CHUNK values that hold ``idx`` are read,
-        runs of adjacent blocks in one read."""
+        runs of adjacent blocks in one read, at most BATCH blocks at a time (scattered indices
+        must not read the whole corpus into one buffer)."""
         idx = np.asarray(idx, dtype=np.int64)
         if idx.size == 0:
             return np.zeros(0, np.int64)
@@ -242,12 +244,21 @@ class LengthFiles:
         c = self._CHUNK
         chunk = idx // c
         u = np.unique(chunk)
-        buf = np.empty(u.shape[0] * c, np.int64)
-        cuts = np.flatnonzero(np.diff(u) != 1) + 1
-        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [u.shape[0]]])):
-            lo, hi = int(u[a]) * c, min(int(u[b - 1] + 1) * c, self.n)
-            buf[a * c:a * c + hi - lo] = self.read(lo, hi)
-        return buf[np.searchsorted(u, chunk) * c + idx % c]
+        out = np.empty(idx.shape[0], np.int64)
+        by_chunk = np.argsort(chunk, kind="stable")
+        sorted_chunk = chunk[by_chunk]
+        for a in range(0, u.shape[0], self._BATCH):
+            us = u[a:a + self._BATCH]
+            buf = np.empty(us.shape[0] * c, np.int64)
+            cuts = np.flatnonzero(np.diff(us) != 1) + 1
+            for x, y in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [us.shape[0]]])):
+                lo, hi = int(us[x]) * c, min(int(us[y - 1] + 1) * c, self.n)
+                buf[x * c:x * c + hi - lo] = self.read(lo, hi)
+            i0 = np.searchsorted(sorted_chunk, us[0], side="left")
+            i1 = np.searchsorted(sorted_chunk, us[-1], side="right")
+            sel = by_chunk[i0:i1]
+            out[sel] = buf[np.searchsorted(us, chunk[sel]) * c + idx[sel] % c]
+        return out
 
 
 def open_lengths(spec: str, column: str = "length", cache: Optional[str] = None):

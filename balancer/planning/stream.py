@@ -133,15 +133,19 @@ class EpochWindows:
         self.max_piece = (layout.capacity // unit) * unit
         make_items(self.order_range(0, 0), lengths, layout.capacity, layout.cp,
                    config.over_length)
-        tl = [lo + np.flatnonzero(gather_lengths(lengths, self.order_range(lo, lo + block))
-                                  > self.max_piece)
-              for lo in range(0, n, block)]
-        self.tl_pos = np.concatenate(tl) if tl else np.zeros(0, np.int64)
+        tl, tl_len = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for lo in range(0, n, block):  # one pass over the order, a block at a time
+            ordered = gather_lengths(lengths, self.order_range(lo, lo + block))
+            hit = np.flatnonzero(ordered > self.max_piece)
+            tl.append(lo + hit)
+            tl_len.append(ordered[hit])  # kept: a second gather would read scattered blocks
+        self.tl_pos = np.concatenate(tl)
         if self.tl_pos.size:  # raises the planner's own error under over_length='error'
             p = int(self.tl_pos[0])
             make_items(self.order_range(p, p + 1), lengths, layout.capacity, layout.cp,
                        config.over_length)
-        extra = -(-gather_lengths(lengths, self.order_at(self.tl_pos)) // self.max_piece) - 1
+        extra = -(-np.concatenate(tl_len) // self.max_piece) - 1
+        del tl, tl_len
         self.extra_before = np.concatenate([[0], np.cumsum(extra)]).astype(np.int64)
         self.carry = carry_in if carry_in is not None and len(carry_in) else None
         self.n_carry = 0 if self.carry is None else len(self.carry)

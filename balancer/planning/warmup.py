@@ -44,6 +44,8 @@ def _packing_kernels() -> None:
     schedule_lumps(costs, sizes, np.zeros(4, np.int64), np.ones(4, np.int64), 2, 2, 4, 1.0)
     expand_pieces(np.arange(4), sizes, 2)
     rank_step_times(costs, costs, np.array([2, 2]), 1, 2)
+    from .order import block_order
+    block_order(5000, 0, 0, np.arange(5000, dtype=np.int64))  # PlannerConfig.order='blocks'
     for ru in (False, True):
         plan_balanced(sizes, costs, 2, 1, 4, 8, 2, rank_units=ru, max_advance=1)
 

@@ -180,3 +180,18 @@ def test_sampler_state_records_the_order():
         other.load_state_dict(state)
     s2 = PackedBatchSampler(samples, COST, LAYOUT, cfg)
     s2.load_state_dict(state)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_length_files_read_and_take_equal_the_array(shards, data):
+    d, want = shards
+    files = LengthFiles(sorted(d.glob("*.npy")))
+    files._BATCH = data.draw(st.integers(1, 3))  # several batches of blocks
+    idx = np.array(data.draw(st.lists(st.integers(0, want.shape[0] - 1), max_size=300)),
+                   np.int64)
+    assert np.array_equal(files.take(idx), want[idx])
+    lo = data.draw(st.integers(0, want.shape[0]))
+    hi = data.draw(st.integers(lo, want.shape[0]))
+    assert np.array_equal(files.read(lo, hi), want[lo:hi])
+    assert len(files) == want.shape[0] and files.total_tokens == int(want.sum())
