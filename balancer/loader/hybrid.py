@@ -81,8 +81,10 @@ class HybridBatchSampler(Sampler):
     ``python -m balancer precompute --cp-mode hybrid`` /
     :func:`balancer.store.hybrid.precompute_hybrid` (checked against this sampler's
     layout, cost model, dataset, strategy, seed, batch tokens, delay bound and over-limit
-    policy; every epoch's arrays are verified when loaded), or any ``epoch -> HybridPlan``
-    callable (``item_doc`` sample ids). The batches are the same as without it."""
+    policy; every epoch's arrays are verified when loaded: ``verify_plan="once"``, by the
+    first process to open the epoch, the others trusting its stamp as ``PackedBatchSampler``
+    does; ``True``: by every process), or any ``epoch -> HybridPlan`` callable (``item_doc``
+    sample ids). The batches are the same as without it."""
 
     @renamed(model="cost", over_limit="over_length")
     def __init__(self, samples: SampleTable, cost: CPCostModel, layout: Layout,
@@ -90,7 +92,7 @@ class HybridBatchSampler(Sampler):
                  seed: Optional[int] = None, epoch: int = 0, rank: Optional[int] = None,
                  batch_tokens: Optional[int] = None, max_delay: Optional[int] = None,
                  over_length: Optional[str] = None,
-                 plan: Optional[Union[str, Path, Callable]] = None):
+                 plan: Optional[Union[str, Path, Callable]] = None, verify_plan="once"):
         model, over_limit = cost, over_length
         if not hasattr(samples, "fingerprint"):
             samples = SampleTable(samples)  # lengths as a list or array: the one validation
@@ -146,7 +148,7 @@ class HybridBatchSampler(Sampler):
             plan = hybrid_plan_source(plan, layout=layout, cost=cost, samples=samples,
                                       strategy=self.strategy, seed=self.seed,
                                       batch_tokens=self.batch_tokens, max_delay=self.max_delay,
-                                      over_limit=over_limit)
+                                      over_limit=over_limit, verify=verify_plan)
         elif plan is not None and not callable(plan):
             raise TypeError(f"plan must be a plan directory or an epoch -> HybridPlan callable, "
                             f"got {type(plan).__name__}")

@@ -61,13 +61,30 @@ def stamp_matches(epoch_dir: Path, files: dict, seal: str) -> bool:
         return False
 
 
-def write_stamp(epoch_dir: Path, files: dict, seal: str) -> None:
+def stamp_extra(epoch_dir: Path, files: dict, seal: str):
+    """The ``extra`` record (a dict, ``{}`` when none) of a stamp for exactly these files
+    under this manifest, or None where there is no such stamp. ``extra`` says what else the
+    verification that wrote it checked (a hybrid plan: the job's lengths, by fingerprint)."""
+    try:
+        with open(epoch_dir / STAMP) as fh:
+            doc = json.load(fh)
+        extra = doc.pop("extra", {}) if isinstance(doc, dict) else None
+        return extra if doc == _expected(files, seal) and isinstance(extra, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_stamp(epoch_dir: Path, files: dict, seal: str, extra: dict | None = None) -> None:
     """Record that these files passed a full verification (atomically; a plan directory that
-    cannot be written keeps no stamp, and its readers verify every time)."""
+    cannot be written keeps no stamp, and its readers verify every time); ``extra``: what else
+    that verification checked (read back by :func:`stamp_extra`)."""
     tmp = epoch_dir / f"{STAMP}.tmp-{os.getpid()}"
+    doc = _expected(files, seal)
+    if extra is not None:
+        doc["extra"] = extra
     try:
         with open(tmp, "w") as fh:
-            json.dump(_expected(files, seal), fh)
+            json.dump(doc, fh)
         os.replace(tmp, epoch_dir / STAMP)
     except OSError:
         with contextlib.suppress(OSError):

@@ -38,12 +38,13 @@ from ...cost.cp import CPCostModel
 from ...planning.hybrid import default_strategies, hybrid_config, plan_hybrid_epoch
 from ...samples import SampleTable
 from ..atomic import PlanDirWriter
-from ..files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION, ArrayAppender,
-                     epoch_dirname)
+from ..files import (HYBRID_ARRAYS, HYBRID_FORMAT_NAME, HYBRID_FORMAT_VERSION,
+                     MANIFEST_DIGEST_KEY, ArrayAppender, epoch_dirname)
 from .check import check_stored_hybrid
 from ..load import (_HEX64, _Schema, _epoch_entry, layout_differences, open_epoch_arrays,
                     resolve_plan_dir, sealed_manifest_of, verify_digests)
 from ..snapshot import PlanSnapshot, read_whole
+from ..verified import VerifyMode, stamp_extra, verify_lock, verify_mode, write_stamp
 
 #: what a plan was made with, besides layout, cost model and dataset (compared on load): the
 #: manifest's keys (stable JSON: ``batch_tokens`` is PlannerConfig's ``global_batch_tokens``,
@@ -223,40 +224,88 @@ def check_hybrid_compatible(manifest: dict, *, layout: Optional[Layout] = None,
 
 
 def load_hybrid_plan(path, epoch: int = 0, *, lengths: Optional[np.ndarray] = None,
-                     verify: bool = True) -> tuple[HybridPlan, dict]:
+                     verify: VerifyMode = True) -> tuple[HybridPlan, dict]:
     """The stored plan of ``epoch`` (arrays memory-mapped read-only) and the manifest.
     Checks paths, sizes, headers, the plan's structure (groups tile the pool in aligned
     powers of two every round, every item exactly once, owners inside their groups, no rank
     over its token limit in any round) and, with ``verify``, every array's SHA-256; with
     ``lengths`` (int64[n], the job's samples) also that the items cover every sample's tokens
-    exactly once."""
+    exactly once. ``verify="once"`` (the sampler's default): the hashes and those O(items)
+    checks run only when no stamp shows that these exact files already passed them (with the
+    same lengths, by fingerprint, when ``lengths`` is given): the first process to open the
+    epoch verifies, the others wait for it and trust its stamp (:mod:`..verified`)."""
+    verify = verify_mode(verify)
     return read_whole(path, lambda snap: _hybrid_plan_of(snap, epoch, lengths, verify),
                       resolve_plan_dir)
 
 
-def _hybrid_plan_of(snap: PlanSnapshot, epoch: int, lengths, verify: bool):
+def _lengths_fingerprint(lengths) -> Optional[str]:
+    """SampleTable.fingerprint() of ``lengths`` (hashed in blocks, no copy of int64 lengths)."""
+    if lengths is None:
+        return None
+    import hashlib
+    a = np.ascontiguousarray(lengths, dtype="<i8")
+    h = hashlib.sha256()
+    for lo in range(0, a.shape[0], 1 << 22):
+        h.update(a[lo:lo + (1 << 22)].data)
+    return h.hexdigest()[:16]
+
+
+def _vouches(extra: Optional[dict], lengths_fp: Optional[str]) -> bool:
+    """Whether a stamp's record covers this reader: any stamp without lengths to check, one
+    made with the same lengths otherwise."""
+    return extra is not None and (lengths_fp is None or extra.get("lengths") == lengths_fp)
+
+
+def _hybrid_plan_of(snap: PlanSnapshot, epoch: int, lengths, verify: VerifyMode):
     """:func:`load_hybrid_plan` of one generation of the plan directory (the manifest and the
     arrays read from the directory ``snap`` holds open)."""
     manifest = _hybrid_manifest_of(snap)
     ent = _epoch_entry(manifest, epoch)
     a, fds, files = open_epoch_arrays(snap, ent, epoch, HYBRID_ARRAYS)
-    if verify:
-        verify_digests(a, fds, files, ent["arrays"])
     summ = ent["summary"]
     plan = HybridPlan(**a, n_ranks=summ["n_ranks"], rank_capacity=summ["rank_capacity"],
                       documents_cut=summ["documents_cut"])
+    if verify == "once":
+        d, seal = snap.path / ent["dir"], manifest[MANIFEST_DIGEST_KEY]
+        fp = _lengths_fingerprint(lengths)
+        if not _vouches(stamp_extra(d, fds, seal), fp):
+            with verify_lock(d):  # the first reader verifies, the others wait and read its stamp
+                if not _vouches(stamp_extra(d, fds, seal), fp):
+                    verify_digests(a, fds, files, ent["arrays"])
+                    check_stored_hybrid(plan, manifest, summ, epoch, lengths)
+                    write_stamp(d, fds, seal, extra={"lengths": fp})
+                    return plan, manifest
+        _check_counts(plan, manifest, lengths)
+        return plan, manifest
+    if verify:
+        verify_digests(a, fds, files, ent["arrays"])
     check_stored_hybrid(plan, manifest, summ, epoch, lengths)
     return plan, manifest
+
+
+def _check_counts(plan: HybridPlan, manifest: dict, lengths) -> None:
+    """The O(1) checks a stamped epoch still gets: the pool and the number of samples."""
+    lay = manifest["layout"]
+    if plan.n_ranks != int(lay["dp"]) * int(lay["cp"]) or \
+            plan.rank_capacity != int(lay["rank_capacity"]):
+        raise ValueError(f"hybrid plan: summary n_ranks {plan.n_ranks} / rank_capacity "
+                         f"{plan.rank_capacity} do not match the layout")
+    n = int(manifest["dataset"]["n_samples"])
+    if lengths is not None and np.asarray(lengths).shape[0] != n:
+        raise ValueError(f"the job has {np.asarray(lengths).shape[0]} samples, the plan {n}")
 
 
 @renamed(model="cost")
 def hybrid_plan_source(path, *, layout: Optional[Layout] = None,
                        cost: Optional[CPCostModel] = None,
-                       samples: Optional[SampleTable] = None, verify: bool = True,
+                       samples: Optional[SampleTable] = None, verify: VerifyMode = "once",
                        **planned) -> Callable[[int], HybridPlan]:
     """``epoch -> HybridPlan`` for ``HybridBatchSampler(plan=...)``: checks the manifest
     against the job once (:func:`check_hybrid_compatible`), then loads (and checks) each epoch
-    on demand."""
+    on demand (``verify="once"``: the first process to open an epoch hashes and checks it,
+    every other trusts its stamp; ``True``: every process)."""
+    verify_mode(verify)
     job = dict(layout=layout, cost=cost, samples=samples, **planned)
     check_hybrid_compatible(load_hybrid_manifest(path), **job)
     lengths = None if samples is None else samples.lengths
