@@ -82,8 +82,8 @@ class MicrobatchRef(Ref):
     * ``epoch``, ``position`` (index among this rank's microbatches of the epoch), ``step``,
       ``slot`` (index inside this rank's step), ``step_microbatches`` (this rank's microbatches
       in the step, equal on every DP rank), ``mb`` (global microbatch id in the plan);
-    * ``loss_tokens``: tokens with a label in this microbatch (each document's length minus 1,
-      whole CP group); ``step_loss_tokens``: the same summed over every DP rank and microbatch
+    * ``loss_tokens``: tokens with a label in this microbatch (each document's length minus 1, or
+      its trained tokens when the sampler has ``loss_tokens=``; whole CP group); ``step_loss_tokens``: the same summed over every DP rank and microbatch
       of the step (the loss normaliser, from the plan, no collective);
     * ``cp`` (default 1), ``cp_rank`` (default 0), ``dp_rank``.
     """

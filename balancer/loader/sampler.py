@@ -26,6 +26,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 from torch.utils.data import Sampler
 
+from .columns import LossTokens
 from .cursor import EpochCursor, epoch_number
 from .refs import MicrobatchRef
 from ..config import Layout, PlannerConfig
@@ -49,6 +50,29 @@ def rank_coordinates(rank: int, layout: Layout, tp: int = 1) -> dict:
             "dp_rank": (r // layout.cp) % layout.dp, "pp_rank": r // (layout.cp * layout.dp)}
 
 
+def as_loss_tokens(loss_tokens) -> Optional[LossTokens]:
+    """``loss_tokens=`` of a sampler as a :class:`LossTokens` (None stays None)."""
+    if loss_tokens is None or isinstance(loss_tokens, LossTokens):
+        return loss_tokens
+    return LossTokens(loss_tokens)
+
+
+def mb_loss_tokens(plan, sample_len: np.ndarray, loss_tokens: Optional[LossTokens]) -> np.ndarray:
+    """Loss targets (int64[M]) of every microbatch of ``plan``: each document's length minus 1,
+    or the trained tokens ``loss_tokens`` counts."""
+    if loss_tokens is None:
+        per_entry = plan.entry_length - 1  # every document's first token has no label
+    else:
+        if len(loss_tokens) != plan.n_samples:
+            raise ValueError(f"loss_tokens covers {len(loss_tokens)} samples but the plan "
+                             f"{plan.n_samples} (counts of another dataset?)")
+        per_entry = loss_tokens.entries(plan.entry_sample, plan.entry_start, plan.entry_length,
+                                        sample_len)
+    csum = np.zeros(per_entry.shape[0] + 1, np.int64)
+    np.cumsum(per_entry, out=csum[1:])
+    return csum[plan.mb_offsets[1:]] - csum[plan.mb_offsets[:-1]]
+
+
 class PackedBatchSampler(Sampler):
     """Yields this rank's :class:`MicrobatchRef` s of the plan, step by step.
 
@@ -61,6 +85,12 @@ class PackedBatchSampler(Sampler):
     trust its stamp: :mod:`balancer.store.verified`), ``True`` (every process), ``False``. Ranks default from the initialised process
     group (see the module docstring); ``num_replicas``/``rank`` follow ``DistributedSampler``
     and mean the DP size and DP rank. ``seed`` overrides ``config.seed``.
+
+    ``loss_tokens``: the dataset's trained-token counts when only some tokens are trained (a
+    labels or loss-mask column): ``PackedDataset(...).loss_tokens()``, a
+    :class:`balancer.loader.columns.LossTokens`, or int64[n_samples] per-sample counts (then no
+    sample may be cut into pieces). None: every token after a document's first is trained.
+    ``step_loss_tokens`` and the refs' ``loss_tokens`` count these.
     """
 
     def __init__(self, samples: Optional[SampleTable] = None, cost: Optional[CostModel] = None,
@@ -69,7 +99,7 @@ class PackedBatchSampler(Sampler):
                  rank: Optional[int] = None, dp_rank: Optional[int] = None,
                  cp_rank: Optional[int] = None, pp_rank: Optional[int] = None, tp: int = 1,
                  seed: Optional[int] = None, epoch: int = 0, plan_dir=None,
-                 verify_plan="once"):
+                 verify_plan="once", loss_tokens=None):
         if samples is not None and not hasattr(samples, "fingerprint"):
             samples = SampleTable(samples)  # lengths as a list or array: the one validation
         if plan_dir is not None:
@@ -86,6 +116,7 @@ class PackedBatchSampler(Sampler):
             raise ValueError("give samples, cost and layout (to plan in memory), plan= or "
                              "plan_dir=")
         self.samples, self.cost = samples, cost
+        self.loss_tokens = as_loss_tokens(loss_tokens)
         config = config or PlannerConfig()
         if seed is not None:
             config = config.model_copy(update={"seed": int(seed)})
@@ -257,9 +288,16 @@ class PackedBatchSampler(Sampler):
 
     def _index_plan(self, plan: Plan) -> None:
         """Per-microbatch and per-step arrays the iterator reads (vectorised, built once)."""
-        counts = np.diff(plan.mb_offsets)
-        tokens = plan.mb_tokens()
-        self._mb_loss = tokens - counts  # every document's first token has no label
+        if self.samples is not None:
+            self._sample_len = self.samples.lengths
+        else:  # a given plan: a sample's planned length is where its last piece ends
+            total = np.zeros(plan.n_samples, np.int64)
+            np.maximum.at(total, plan.entry_sample, plan.entry_start + plan.entry_length)
+            lo = plan.leftover
+            if len(lo):
+                np.maximum.at(total, lo.sample, lo.start + lo.length)
+            self._sample_len = total
+        self._mb_loss = mb_loss_tokens(plan, self._sample_len, self.loss_tokens)
         so = plan.step_offsets
         self._step_loss = np.add.reduceat(self._mb_loss, so[:-1]) if plan.n_steps else \
             np.zeros(0, np.int64)
@@ -270,15 +308,6 @@ class PackedBatchSampler(Sampler):
         slot = np.arange(int(m.sum())) - np.repeat(first, m)
         self._my_step, self._my_slot = step, slot
         self._my_mb = so[step] + self.dp_rank * m[step] + slot
-        if self.samples is not None:
-            self._sample_len = self.samples.lengths
-        else:  # a given plan: a sample's planned length is where its last piece ends
-            total = np.zeros(plan.n_samples, np.int64)
-            np.maximum.at(total, plan.entry_sample, plan.entry_start + plan.entry_length)
-            lo = plan.leftover
-            if len(lo):
-                np.maximum.at(total, lo.sample, lo.start + lo.length)
-            self._sample_len = total
         self._fingerprint = None  # hashing every array takes ~0.6 s at 10M samples: on demand
 
     @property
