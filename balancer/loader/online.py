@@ -285,14 +285,24 @@ class OnlineCalibrator:
                 windows.append({"steps": [lo, lo + k], "microbatches": int(m.sum()),
                                 "prediction_error": _median_error(pred[m], y[m])})
         last = self.step_records[-10:]
+        first = windows[0]["prediction_error"] if windows else None
+        # the closed loop's target (issue 26): at most 10% and under half the first window's
+        met = [w["steps"][1] for w in windows[1:]
+               if w["prediction_error"] <= 0.10 and w["prediction_error"] < first / 2]
         return {
             "every": k, "skip_steps": skip, "template": self.template.name,
             "prediction_error_first": windows[0]["prediction_error"] if windows else None,
             "prediction_error_last": windows[-1]["prediction_error"] if windows else None,
             "prediction_error_by_window": windows,
+            # the first step by which a window's error was <= 10% and under half the first's
+            "target_met_at_step": met[0] if met else None,
             # measured (this loop's clock) slowest rank / mean over the last 10 steps
             "imbalance_measured_last10": float(np.mean([r["imbalance_measured"] for r in last]))
             if last else None,
+            # the same from the second refit on (steps >= 2 x every): a longer, steadier mean
+            "imbalance_measured_steady": float(np.mean(
+                [r["imbalance_measured"] for r in self.step_records if r["step"] >= 2 * k]))
+            if len(self.step_records) > 2 * k else None,
             "ranks_agree": self.ranks_agree,
             "refits": [{k2: r[k2] for k2 in ("step", "first_replanned_step", "model", "forward",
                                              "backward", "fit_error", "ranks_agree")}

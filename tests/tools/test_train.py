@@ -69,3 +69,27 @@ def test_whole_epochs_and_held_out_loss(tmp_path):
     want = sorted({i for i in range(len(steps)) if (i + 1) % 2 == 0} | {len(steps) - 1})
     assert evaluated == want
     assert steps[-1]["eval_loss"] < steps[evaluated[0]]["eval_loss"]
+
+
+@pytest.mark.slow
+def test_calibrate_online_two_ranks(tmp_path):
+    # the closed loop end to end on 2 gloo ranks: the log's online_calibration block, the
+    # refits (every 3 steps and once after the last), the ranks' agreement and the JSON lines;
+    # the figures themselves depend on the machine and are not asserted
+    args = train.parse_args([
+        "--world", "2", "--samples", "300", "--scale", "0.02", "--capacity", "512",
+        "--microbatches", "2", "--steps", "7", "--dim", "32", "--layers", "1", "--heads", "2",
+        "--vocab", "64", "--data", str(tmp_path / "data"), "--timeout", "120",
+        "--calibrate-online", "--refit-every", "3", "--refit-skip", "1", "--window-samples",
+        "40", "--online-clock", "cpu", "--measured", str(tmp_path / "m.jsonl"),
+        "--log", str(tmp_path / "log.json")])
+    log = train.run(args)
+    on = log["online_calibration"]
+    assert on["ranks_agree"] is True and on["template"] == "quadratic-64k"
+    assert [r["step"] for r in on["refits"]] == [3, 6, 7]
+    for r in on["refits"]:
+        assert r["first_replanned_step"] >= r["step"] and min(r["forward"] + r["backward"]) >= 0
+    assert on["prediction_error_first"] >= 0 and on["prediction_error_last"] >= 0
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["type"] == "step"] == list(range(7))
+    assert len(log["steps"]) == 7
