@@ -28,6 +28,7 @@ from torch.utils.data import Sampler
 
 from .columns import LossTokens
 from .cursor import EpochCursor, epoch_number
+from .replan import Replanning
 from .refs import MicrobatchRef
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
@@ -73,7 +74,7 @@ def mb_loss_tokens(plan, sample_len: np.ndarray, loss_tokens: Optional[LossToken
     return csum[plan.mb_offsets[1:]] - csum[plan.mb_offsets[:-1]]
 
 
-class PackedBatchSampler(Sampler):
+class PackedBatchSampler(Replanning, Sampler):
     """Yields this rank's :class:`MicrobatchRef` s of the plan, step by step.
 
     Give either ``samples`` + ``cost`` + ``layout`` (+ ``config``) to plan each epoch in memory
@@ -214,69 +215,6 @@ class PackedBatchSampler(Sampler):
             raise ValueError(f"plan was made for dataset {plan.dataset_fingerprint}, the sampler "
                              f"has {self.samples.fingerprint()}")
         return plan
-
-    def _window_cost(self, epoch: int) -> Callable[[int], CostModel]:
-        """Window -> the model it is planned with: the newest refit at or before it."""
-        def cost(window: int) -> CostModel:
-            model = self.cost
-            for e, w, m in self._refits:
-                if (e, w) <= (epoch, window):
-                    model = m
-            return model
-        return cost
-
-    # ---- the closed loop (balancer.loader.online) -----------------------------------------
-    def handed_out_steps(self) -> int:
-        """Steps of the current epoch of which this rank has handed out a microbatch (a
-        DataLoader's workers read ahead of the training loop: these are planned for good)."""
-        pos = self.cursor.position
-        self.plan
-        return 0 if pos == 0 else int(self._my_step[pos - 1]) + 1
-
-    def refit(self, model: CostModel, from_step: int) -> int:
-        """Plan the current epoch's windows that start at or after step ``from_step`` (and
-        every later epoch) with ``model``; returns the first re-planned step (the epoch's step
-        count when no window is left: the model then starts with the next epoch). Every rank
-        must call it with the same model and ``from_step`` (at least every rank's
-        :meth:`handed_out_steps`); the model becomes part of :meth:`state_dict`. Only a sampler
-        that plans in memory (``samples``, ``cost``, ``layout``) can re-plan."""
-        if self._source is not None:
-            raise ValueError("refit re-plans in memory: give the sampler samples, cost and "
-                             "layout, not plan= or plan_dir=")
-        if not isinstance(model, CostModel):
-            raise TypeError(f"refit takes a CostModel, got {type(model).__name__}")
-        handed = self.handed_out_steps()
-        if from_step < handed:
-            raise ValueError(f"refit from step {from_step}: this rank has handed out "
-                             f"microbatches of steps up to {handed - 1} already")
-        ws, old = self._window_steps, self._plan
-        first = int(np.searchsorted(ws[:-1], from_step, side="left"))
-        later = {e: c for e, c in self._carry.items() if e > self.epoch}
-        for e in later:  # later epochs' tails are re-planned
-            del self._carry[e]
-        while True:
-            self._refits.append((self.epoch, first, model))
-            self._plan = None
-            try:
-                self.plan
-                break
-            except ValueError:
-                # a window the new costs cannot plan (a windowed tail the packer refuses): the
-                # same on every rank, so every rank moves the refit one window on alike
-                self._refits.pop()
-                if first >= len(ws) - 1:
-                    self._plan, self._window_steps = old, ws
-                    self._carry.update(later)
-                    self._index_plan(old)
-                    raise
-                first += 1
-        self.cursor.resized()
-        return int(ws[first])
-
-    @property
-    def refits(self) -> list[tuple[int, int, CostModel]]:
-        """``(epoch, first window, model)`` of every refit applied, oldest first."""
-        return list(self._refits)
 
     @property
     def plan(self) -> Plan:
@@ -423,11 +361,15 @@ class PackedBatchSampler(Sampler):
             self._carry = {0: None}
             self._carry[epoch] = None if c is None else Items(
                 *(np.asarray(c[k], np.int64) for k in ("sample", "start", "length")))
-        self._refits = [(int(r["epoch"]), int(r["window"]), CostModel.model_validate(r["model"]))
-                        for r in state.get("refits", ())]
+        refits = [(int(r["epoch"]), int(r["window"]), CostModel.model_validate(r["model"]))
+                  for r in state.get("refits", ())]
+        self._refits = []
         self._plan = None
 
         def same_plan():
+            if refits and self._source is not None:  # a refit stored plan: planned here now
+                self._plan_in_memory()
+            self._refits, self._plan = refits, None
             if self.plan_fingerprint != state["plan_fingerprint"]:
                 raise ValueError(f"cannot resume: epoch {epoch}'s plan is {self.plan_fingerprint} "
                                  f"here but {state['plan_fingerprint']} in the checkpoint "

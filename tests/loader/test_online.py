@@ -129,6 +129,33 @@ def test_resume_with_refit_models_is_exact():
         sampler(dp_rank=1).load_state_dict(bare)
 
 
+def test_refit_a_stored_plan_from_a_point_on(tmp_path):
+    from balancer.store.precompute import precompute
+    precompute(SampleTable(LENGTHS), WRONG, LAYOUT, CONFIG, tmp_path / "plan")
+
+    def stored(cost=WRONG):
+        return PackedBatchSampler(SampleTable(LENGTHS), cost, LAYOUT, dp_rank=1,
+                                  plan_dir=tmp_path / "plan")
+    s = stored()
+    it = iter(s)
+    for _ in range(9):
+        next(it)
+    old = s.plan
+    first = s.refit(TRUE, s.handed_out_steps())
+    assert _steps(s.plan, first) == _steps(old, first) and s.plan.fingerprint() != old.fingerprint()
+    next(it)
+    state = json.loads(json.dumps(s.state_dict()))
+    rest = [(list(r), r.step, r.slot) for r in it]
+    t = stored()
+    t.load_state_dict(state)  # the stored plan, refit from the same point: planned here again
+    assert [(list(r), r.step, r.slot) for r in t] == rest
+    # planning in memory must reproduce the store first: another cost model is refused
+    with pytest.raises(ValueError, match="cannot refit the stored plan"):
+        stored(TRUE).refit(TRUE, 0)
+    with pytest.raises(ValueError, match="give the sampler samples and cost"):
+        PackedBatchSampler(layout=LAYOUT, dp_rank=1, plan_dir=tmp_path / "plan").refit(TRUE, 0)
+
+
 def test_calibrator_recovers_the_true_model_from_a_synthetic_clock(tmp_path):
     s = sampler(dp_rank=0)
     clock = Clock()
