@@ -5,8 +5,9 @@ this once where the cache lives (``BALANCER_NUMBA_CACHE_DIR``, else ``~/.cache/b
 a container image build, or on a shared file system before launching the ranks, so that no rank
 of the job pays it. The cache is keyed by the package's sources and numba's version
 (:mod:`packing._jit`), so an upgrade recompiles instead of loading stale code. With no writable
-cache location the command refuses before compiling anything: compiling in memory would be
-thrown away when it exits.
+cache location (or with ``NUMBA_DISABLE_JIT`` set) the command refuses before compiling
+anything: compiling in memory would be thrown away when it exits; and it exits 1 when a kernel
+it compiled did not reach the cache (numba drops a failed write silently).
 """
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ def _args(p) -> None:
 
 
 def _run(args) -> int:
+    from numba.core import config as numba_config
     from packing._jit import CACHE_DIR, cache_base
-    from ..planning.warmup import PARTS, warmup
+    from ..planning.warmup import PARTS, kernels, uncached, warmup
+    if numba_config.DISABLE_JIT:
+        raise OSError("compile: NUMBA_DISABLE_JIT is set: the kernels run as plain Python, "
+                      "nothing compiles and nothing is cached; unset it to compile")
     if CACHE_DIR is None:
         raise OSError(f"compile: no writable numba cache location ({cache_base()} cannot be "
                       "created or written): the kernels would compile in memory and be lost at "
@@ -45,6 +50,12 @@ def _run(args) -> int:
     if bar is not None:
         bar.update(bar.total - bar.n)
         bar.close()
+    missing = uncached(kernels(), CACHE_DIR)
+    if missing:  # numba drops failed cache writes silently: a job would compile them again
+        print(f"error: compile: {len(missing)} of {stats['kernels']} kernels compiled but not "
+              f"written to the cache {CACHE_DIR} (e.g. {missing[0]}): is it writable, with "
+              f"space left? a job would compile them again", file=sys.stderr)
+        return 1
     if not args.quiet:
         print(f"compile: {stats['kernels']} kernels ready in {stats['seconds']:.1f} s "
               f"({stats['compiled']} compiled now, {stats['loaded']} loaded from the cache); "

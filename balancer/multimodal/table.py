@@ -304,12 +304,20 @@ class MultimodalTable:
           ``image_tokens_column``: list of LLM token counts per image;
         * ``video_column``: list of ``[frames, height, width]`` per sample;
         * ``audio_column``: list of mel-frame counts per sample.
-        A column that is absent means no items of that kind."""
+        A column left at its default name that is absent means no items of that kind (None:
+        never read); a column named by the caller that is absent, or a near miss of a default
+        name (``image_size``), is an error naming it and the dataset's columns."""
         rules = rules or MediaRules()
         cols = set(ds.column_names)
         if text_column not in cols:
             raise ValueError(f"dataset has no text length column {text_column!r} "
                              f"(columns: {ds.column_names})")
+        image_size_column, image_tokens_column, video_column, audio_column = (
+            _media_column(ds.column_names, name, what, default) for name, what, default in (
+                (image_size_column, "image size", "image_sizes"),
+                (image_tokens_column, "image tokens", None),
+                (video_column, "video", "video_shapes"),
+                (audio_column, "audio", "audio_frames")))
         table = ds.with_format("arrow")[:] if ds._indices is not None else ds.data.table
         text = _flat_ints(table.column(text_column), text_column)
         images = videos = audios = None
@@ -329,6 +337,33 @@ class MultimodalTable:
             off, vals = _list_column(table.column(audio_column), audio_column, 1)
             audios = (off, rules.audio.grids(vals) if vals.size else np.zeros((0, 3), np.int64))
         return cls.build(text, rules, images=images, videos=videos, audios=audios)
+
+
+_KEYWORDS = {"image size": "image_size_column", "image tokens": "image_tokens_column",
+             "video": "video_column", "audio": "audio_column"}
+
+
+def _media_column(columns: list, name: Optional[str], what: str,
+                  default: Optional[str]) -> Optional[str]:
+    """The media column to read (None: no items of that kind). A name the caller gave that the
+    dataset lacks is an error naming it and the columns; the default name may be absent (no
+    such media) unless a column is a near miss of it (``image_size`` for ``image_sizes``),
+    which is an error too: reading no media silently is the failure this prevents."""
+    import difflib
+    if not name:
+        return None
+    if name in columns:
+        return name
+    key = _KEYWORDS[what]
+    if name != default:
+        raise ValueError(f"dataset has no {what} column {name!r} (columns: {sorted(columns)}); "
+                         f"name one of them with {key}=, or {key}=None for none")
+    near = difflib.get_close_matches(name, columns, n=1, cutoff=0.85)
+    if near:
+        raise ValueError(f"dataset has no {what} column {name!r} but has {near[0]!r} (columns: "
+                         f"{sorted(columns)}); pass {key}={near[0]!r} to read it, or "
+                         f"{key}=None for no {what} media")
+    return None
 
 
 def _flat_ints(col, name: str) -> np.ndarray:

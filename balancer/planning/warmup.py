@@ -110,6 +110,25 @@ def kernels() -> list:
     return out
 
 
+def uncached(ks: list, cache_dir: Optional[str]) -> list[str]:
+    """Names (``module.function``) of the kernels of ``ks`` that have a compiled signature but
+    no index file of theirs under ``cache_dir`` (all of them when ``cache_dir`` is None): numba
+    drops a failed cache write silently, the kernel runs and nothing is kept for the next
+    process."""
+    import os
+    root = os.path.join(os.path.abspath(cache_dir), "") if cache_dir else None
+    out = []
+    for k in ks:
+        if not k.signatures:
+            continue
+        index = getattr(getattr(getattr(k, "_cache", None), "_cache_file", None),
+                        "_index_path", None)  # numba's FunctionCache; absent: not cached
+        if root is None or index is None or not os.path.abspath(index).startswith(root) or \
+                not os.path.isfile(index):
+            out.append(f"{k.__module__}.{k.__name__}")
+    return out
+
+
 def warmup(parts: Iterable[str] = PARTS, *,
            progress: Optional[Callable[[str], None]] = None) -> dict:
     """Compile (or load from the disk cache) the kernels of ``parts`` (see :data:`PARTS`; all
@@ -135,4 +154,4 @@ def warmup(parts: Iterable[str] = PARTS, *,
             "cache_dir": CACHE_DIR}
 
 
-__all__ = ["PARTS", "kernels", "warmup"]
+__all__ = ["PARTS", "kernels", "uncached", "warmup"]

@@ -224,7 +224,9 @@ class PlanDirWriter:
     With ``tmp`` (the ranks of a distributed writer) it only adopts that directory."""
 
     def __init__(self, path, *, overwrite: bool = False, tmp: Optional[Path] = None):
-        self.path = Path(path)
+        # "." or "run/..": the directory by its name (its hidden siblings go next to it, not
+        # inside it); absolute without resolving links, so a link is still refused as a link
+        self.path = Path(os.path.abspath(path))
         self.overwrite = overwrite
         self.stale: list[str] = []
         if tmp is None:
@@ -237,9 +239,15 @@ class PlanDirWriter:
             tmp.mkdir()
         self.tmp = Path(tmp)
 
+    def _empty_dir(self) -> bool:
+        """``path`` is a directory (not a link) holding nothing: a new plan directory."""
+        return self.path.is_dir() and not self.path.is_symlink() and \
+            not any(self.path.iterdir())
+
     def _check_target(self) -> bool:
-        """True when ``path`` holds something to replace (refused unless allowed)."""
-        if not (self.path.exists() or self.path.is_symlink()):
+        """True when ``path`` holds something to replace (refused unless allowed); an empty
+        directory holds nothing (``--out .`` in an empty directory is a new plan)."""
+        if not (self.path.exists() or self.path.is_symlink()) or self._empty_dir():
             return False
         if not self.overwrite:
             raise FileExistsError(f"{self.path} already exists (use overwrite / --overwrite)")
@@ -266,8 +274,11 @@ class PlanDirWriter:
         fsync_dir(self.tmp)
         _kill_point("after-manifest")
         parent = self.path.parent
-        if not self._check_target() or not any(self.path.iterdir()):
-            os.rename(self.tmp, self.path)  # nothing there, or an empty directory
+        if not self._check_target():
+            if self._empty_dir():  # filled in place: it stays the same directory
+                self._fill_in_place()
+            else:  # nothing there
+                os.rename(self.tmp, self.path)
             fsync_dir(parent)
             return self.path
         if _exchange(self.tmp, self.path):
@@ -282,6 +293,16 @@ class PlanDirWriter:
         _kill_point("after-rename")
         shutil.rmtree(old, ignore_errors=True)
         return self.path
+
+    def _fill_in_place(self) -> None:
+        """Move the plan into the empty directory ``path`` entry by entry, the manifest last
+        (a reader sees no plan until it appears, then the whole plan), so that the directory
+        keeps its identity: a shell's working directory (``--out .``), a mount point, its owner
+        and mode (renaming over it would leave ``.`` a deleted directory)."""
+        for p in sorted(self.tmp.iterdir(), key=lambda p: p.name == MANIFEST):
+            os.rename(p, self.path / p.name)
+        fsync_dir(self.path)
+        self.tmp.rmdir()
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)

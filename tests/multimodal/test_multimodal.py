@@ -144,3 +144,30 @@ def test_workload_generator_seeded_and_varying_mix():
     share = has_img[: (4096 // blk) * blk].reshape(-1, blk).mean(1)
     noise = np.sqrt(share.mean() * (1 - share.mean()) / blk)
     assert share.std() > 2 * noise  # ~9x the binomial variance
+
+
+def test_from_dataset_refuses_unknown_media_columns():
+    """A media column named by the caller that the dataset lacks, or a dataset whose media
+    column is a near miss of the default name, is an error naming the column and the dataset's
+    columns (issue 30 item 10: ``image_size_column="image_size"`` gave 0 media, silently)."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"text_length": [10, 5],
+                                     "image_sizes": [[[224, 224]], []]})
+    for kw, name in (({"image_size_column": "image_size"}, "image_size"),
+                     ({"video_column": "videos"}, "videos"),
+                     ({"audio_column": "audio"}, "audio"),
+                     ({"image_tokens_column": "image_tokens"}, "image_tokens")):
+        with pytest.raises(ValueError, match=rf"^dataset has no .*column {name!r} \(columns: "
+                                             rf"\['image_sizes', 'text_length'\]\)") as e:
+            MultimodalTable.from_dataset(ds, **kw)
+        assert "\n" not in str(e.value)
+    typo = datasets.Dataset.from_dict({"text_length": [10, 5], "image_size": [[[224, 224]], []]})
+    with pytest.raises(ValueError, match=r"no image size column 'image_sizes' but has "
+                                         r"'image_size'.*image_size_column='image_size'"):
+        MultimodalTable.from_dataset(typo)
+    t = MultimodalTable.from_dataset(typo, image_size_column="image_size")
+    assert t.n_media == 1
+    # the default names stay optional: a text-only dataset has no media, no error
+    assert MultimodalTable.from_dataset(
+        datasets.Dataset.from_dict({"text_length": [3, 4]})).n_media == 0
+    assert MultimodalTable.from_dataset(typo, image_size_column=None).n_media == 0

@@ -108,3 +108,42 @@ def test_compile_command_loads_every_kernel_from_the_cache(compiled_kernels):
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"compile: {compiled_kernels['kernels']} kernels ready" in r.stdout
     assert "(0 compiled now," in r.stdout and CACHE_DIR in r.stdout
+
+
+def test_compile_refuses_with_the_jit_disabled(tmp_path):
+    """NUMBA_DISABLE_JIT turns every kernel into plain Python: ``compile`` compiled nothing,
+    cached nothing and exited 0 (issue 30 item 10); now refused, naming the variable."""
+    env = _env(tmp_path)
+    env["NUMBA_DISABLE_JIT"] = "1"
+    r = subprocess.run([sys.executable, "-m", "balancer", "compile"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: compile: NUMBA_DISABLE_JIT") and "kernels ready" not in r.stdout
+
+
+_BROKEN = """
+import shutil, sys, packing
+from packing._jit import CACHE_DIR
+from balancer.planning.warmup import kernels, uncached
+if sys.argv[1] == "broken":  # the location was checked at import; numba then drops the writes
+    shutil.rmtree(CACHE_DIR)
+    open(CACHE_DIR, "w").close()
+packing.first_fit_decreasing([3, 2, 2], 4)
+print("uncached", sorted(uncached(kernels(), CACHE_DIR)))
+"""
+
+
+@pytest.mark.parametrize("case", ["intact", "broken"])
+def test_uncached_names_kernels_numba_did_not_write(tmp_path, case):
+    """numba drops a failed cache write silently (the kernel runs, nothing is kept): what
+    ``compile`` checks after compiling, so that it fails instead of exiting 0 with nothing
+    cached."""
+    r = subprocess.run([sys.executable, "-c", _BROKEN, case], cwd=ROOT, env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = [x for x in r.stdout.splitlines() if x.startswith("uncached")][0]
+    if case == "intact":
+        assert line == "uncached []"
+    else:
+        assert "binpack." in line, line
