@@ -79,7 +79,9 @@ def _precompute_args(p: argparse.ArgumentParser) -> None:
                 "windows and writes its slices, rank 0 writes the manifest. --lengths takes "
                 "length shards (a directory, glob or comma list of .npy, or .parquet files "
                 "with --length-column); --lengths-cache F.npy keeps their concatenation for "
-                "every rank to memory-map. See docs/scale.md.")
+                "every rank to memory-map. --order blocks bounds each process's memory by "
+                "the window (the order computed per window, .npy lengths read on demand; "
+                "another order than the default, so other plans). See docs/scale.md.")
     p.add_argument("--config", action="append", default=[],
                    help="YAML file of config values, or a shipped layout by name (dp8-pp4-cp2-7b, "
                         "dp64-32k) (repeatable; flags override it)")

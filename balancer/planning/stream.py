@@ -48,11 +48,11 @@ def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:
 
 
 def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
-               over_length: str, ordered: Optional[np.ndarray] = None) -> tuple[Items, dict]:
+               over_length: str) -> tuple[Items, dict]:
     """Items in stream order. A sample whose padded size exceeds the capacity raises (policy
-    ``error``) or is cut into pieces of the largest size that fits (``chunk``). ``ordered``:
-    ``lengths[order]`` when the caller has it (a length source that is not an array)."""
-    ordered = gather_lengths(lengths, order) if ordered is None else ordered
+    ``error``) or is cut into pieces of the largest size that fits (``chunk``). ``lengths``:
+    an array or a source read on demand (:func:`gather_lengths`)."""
+    ordered = gather_lengths(lengths, order)
     unit = cp_pad_unit(cp)
     max_piece = (capacity // unit) * unit  # padded pieces must still fit
     if max_piece <= 0:
@@ -163,15 +163,6 @@ class EpochWindows:
             return np.arange(lo, hi, dtype=np.int64)
         from .order import block_order_range
         return block_order_range(self.lengths.shape[0], self.config.seed, self.epoch, lo, hi)
-
-    def order_at(self, positions: np.ndarray) -> np.ndarray:
-        """The samples at order ``positions`` (int64[k])."""
-        if not self.lazy:
-            return self.order[positions]
-        if not self.config.shuffle:
-            return np.asarray(positions, dtype=np.int64)
-        from .order import block_order
-        return block_order(self.lengths.shape[0], self.config.seed, self.epoch, positions)
 
     def _start(self, p: int) -> int:
         """Index (after the carried-in items) of the first item of order position ``p``."""
