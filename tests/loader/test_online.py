@@ -173,6 +173,29 @@ def test_calibrator_recovers_the_true_model_from_a_synthetic_clock(tmp_path):
     assert sum(x["type"] == "refit" for x in lines) == 3
 
 
+def test_refits_cross_epochs_and_resume_there():
+    # a refit after an epoch's last step reaches the next epoch from its first window; the
+    # second epoch resumes exactly from a checkpoint taken in it
+    s = sampler(dp_rank=0)
+    clock = Clock()
+    calib = OnlineCalibrator(s, MicrobatchTimer(clock=clock), OnlineConfig(every=4, skip_steps=0))
+    done = run_loop(s, calib, clock, 10 ** 6)  # the whole epoch (refits change its length)
+    assert done == s.plan.n_steps and len(calib.refit_records) >= 5
+    calib.exchange()  # after the epoch's last step: nothing of epoch 0 is left to re-plan
+    assert calib.refit_records[-1]["first_replanned_step"] == done
+    s.set_epoch(1)
+    assert s.plan.cost_model == calib.model.name  # epoch 1 wholly under the newest model
+    it = iter(s)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(s.state_dict()))
+    rest = [(list(r), r.step) for r in it]
+    t = sampler(dp_rank=0)
+    t.load_state_dict(state)
+    t.set_epoch(1)
+    assert [(list(r), r.step) for r in t] == rest
+
+
 def test_measure_only_keeps_the_plan():
     s = sampler(dp_rank=0)
     fp = s.plan_fingerprint
