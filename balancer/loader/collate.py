@@ -326,13 +326,13 @@ def pack_documents(docs: list, cp: int = 1, cp_rank: int = 0,
     return out
 
 
-def check_loss_tokens(planned: Optional[int], trained: int, mb) -> None:
+def check_loss_tokens(planned: Optional[int], trained: int, what: str) -> None:
     """Refuse a microbatch whose trained tokens differ from the sampler's count: the sampler was
     not given the dataset's :meth:`PackedDataset.loss_tokens`, so ``step_loss_tokens`` would
     count untrained tokens and the loss would be normalised wrongly."""
     if planned is not None and planned != trained:
         raise ValueError(
-            f"microbatch {mb} has {trained} trained tokens but the sampler counted {planned}: "
+            f"{what} has {trained} trained tokens but the sampler counted {planned}: "
             f"give the sampler the dataset's counts (PackedBatchSampler(..., loss_tokens="
             f"packed_dataset.loss_tokens())) so step_loss_tokens counts the trained tokens")
 
@@ -368,7 +368,8 @@ class PackedCollator:
         out = pack_documents(docs, cp, cp_rank, owner, self.pad_token_id,
                              **fetched.pack_kwargs())
         if typed and fetched.labels is not None:
-            check_loss_tokens(ref.loss_tokens, out["microbatch_loss_tokens"], ref.mb)
+            check_loss_tokens(ref.loss_tokens, out["microbatch_loss_tokens"],
+                              f"microbatch {ref.mb}")
         out["sample_ids"] = np.asarray(list(ref), np.int64)
         # a copy: the ref's starts are a view of the plan (read-only, a memory map with a plan
         # store), and a tensor over them would let an in-place write change the plan or crash

@@ -133,5 +133,13 @@ class LossTokens:
         return out
 
 
-__all__ = ["IGNORE", "LossTokens", "check_length", "labels_row", "mask_row", "token_row",
+def as_loss_tokens(loss_tokens) -> Optional[LossTokens]:
+    """A sampler's ``loss_tokens=`` as a :class:`LossTokens` (None stays None; an array is
+    per-sample counts)."""
+    if loss_tokens is None or isinstance(loss_tokens, LossTokens):
+        return loss_tokens
+    return LossTokens(loss_tokens)
+
+
+__all__ = ["IGNORE", "LossTokens", "as_loss_tokens", "check_length", "labels_row", "mask_row", "token_row",
            "trained_targets"]

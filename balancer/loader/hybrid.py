@@ -19,7 +19,9 @@ one member. The rank's batch:
   microbatch), or None; ``shard_sample_ids``/``shard_sample_starts`` int64[Ns];
 * ``group_ranks`` (tuple of pool ranks of the group), ``group_size``, ``group_rank`` (this
   rank's index in it); every member of a group receives the same ``shard_sample_ids``;
-* ``num_loss_tokens`` (labelled tokens this rank holds: whole plus its shard), ``step_loss_tokens``
+* ``whole`` and ``shard`` hold the dataset's ``token_columns`` too; labels follow its labels or
+  loss-mask column (:mod:`balancer.loader.columns`);
+* ``num_loss_tokens`` (trained tokens this rank holds: whole plus its shard), ``step_loss_tokens``
   (the whole step's over the pool, from the plan: the loss normaliser, no collective),
   ``epoch``, ``step``, ``round`` (index inside the step), ``step_rounds``, ``position``,
   ``last_in_step``.
@@ -40,9 +42,10 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .collate import FetchedMicrobatch, pack_documents
+from .collate import FetchedMicrobatch, check_loss_tokens, pack_documents
 from .cursor import EpochCursor, epoch_number
 from .refs import HybridRef
+from .columns import as_loss_tokens
 from ..config import Layout, PlannerConfig, renamed
 from ..cost.cp import CPCostModel
 from ..planning.hybrid import default_strategies, hybrid_config, plan_hybrid_epoch
@@ -84,7 +87,12 @@ class HybridBatchSampler(Sampler):
     policy; every epoch's arrays are verified when loaded: ``verify_plan="once"``, by the
     first process to open the epoch, the others trusting its stamp as ``PackedBatchSampler``
     does; ``True``: by every process), or any ``epoch -> HybridPlan`` callable (``item_doc``
-    sample ids). The batches are the same as without it."""
+    sample ids). The batches are the same as without it.
+
+    ``loss_tokens``: the dataset's trained-token counts when only some tokens are trained, as
+    :class:`~balancer.loader.sampler.PackedBatchSampler` takes them (``PackedDataset(...,
+    loss_mask_column=...).loss_tokens()``); ``step_loss_tokens`` then counts those, and the
+    collator refuses a round whose trained tokens differ from the sampler's count."""
 
     @renamed(model="cost", over_limit="over_length")
     def __init__(self, samples: SampleTable, cost: CPCostModel, layout: Layout,
@@ -92,8 +100,10 @@ class HybridBatchSampler(Sampler):
                  seed: Optional[int] = None, epoch: int = 0, rank: Optional[int] = None,
                  batch_tokens: Optional[int] = None, max_delay: Optional[int] = None,
                  over_length: Optional[str] = None,
-                 plan: Optional[Union[str, Path, Callable]] = None, verify_plan="once"):
+                 plan: Optional[Union[str, Path, Callable]] = None, verify_plan="once",
+                 loss_tokens=None):
         model, over_limit = cost, over_length
+        self.loss_tokens = as_loss_tokens(loss_tokens)
         if not hasattr(samples, "fingerprint"):
             samples = SampleTable(samples)  # lengths as a list or array: the one validation
         if layout.cp_mode != "hybrid":
@@ -186,17 +196,33 @@ class HybridBatchSampler(Sampler):
                                          seed=self.seed, epoch=self.epoch,
                                          max_delay=self.max_delay, over_limit=self.over_limit)
             self._plan, self._plan_epoch = plan, self.epoch
-            self._step_loss = self._loss_tokens(plan)
+            self._item_loss = self._item_loss_tokens(plan)
+            self._step_loss = self._loss_tokens(plan, self._item_loss)
         return self._plan
 
+    def _item_loss_tokens(self, plan) -> np.ndarray:
+        """int64[items]: loss targets of every item (its length minus 1, or its trained tokens
+        when the sampler has ``loss_tokens``)."""
+        if self.loss_tokens is None:
+            return plan.item_length - 1
+        if len(self.loss_tokens) != len(self.samples):
+            raise ValueError(f"loss_tokens covers {len(self.loss_tokens)} samples but the "
+                             f"dataset {len(self.samples)} (counts of another dataset?)")
+        return self.loss_tokens.entries(plan.item_doc, plan.item_start, plan.item_length,
+                                        self.samples.lengths)
+
     @staticmethod
-    def _loss_tokens(plan) -> np.ndarray:
-        """int64[S]: labelled tokens of every step (each item's length minus 1)."""
+    def _loss_tokens(plan, item_loss: Optional[np.ndarray] = None) -> np.ndarray:
+        """int64[S]: labelled tokens of every step (each item's ``item_loss``, default its
+        length minus 1)."""
         g_of = plan.group_of_entry()
         rnd = plan.round_of_group()[g_of]
         step = np.searchsorted(plan.step_rounds, rnd, side="right") - 1
-        per = plan.item_length[plan.entry_item] - 1
-        return np.bincount(step, weights=per, minlength=plan.n_steps).astype(np.int64)
+        per = (plan.item_length - 1 if item_loss is None else item_loss)[plan.entry_item]
+        # integer sums: float64 bincount weights are exact only below 2**53 tokens
+        out = np.zeros(plan.n_steps, np.int64)
+        np.add.at(out, step, per)
+        return out
 
     def __len__(self) -> int:
         return self.plan.n_rounds
@@ -222,7 +248,8 @@ class HybridBatchSampler(Sampler):
                          group_offset=off, group_size=size, group_rank=me, epoch=self.epoch,
                          step=step, round=int(rnd - plan.step_rounds[step]),
                          step_rounds=int(plan.step_rounds[step + 1] - plan.step_rounds[step]),
-                         position=int(rnd), step_loss_tokens=int(self._step_loss[step]))
+                         position=int(rnd), step_loss_tokens=int(self._step_loss[step]),
+                         loss_tokens=int(self._item_loss[items].sum()))
 
     def __iter__(self):
         """One pass over this rank's rounds of the epoch from where the sampler stands (the
@@ -287,11 +314,23 @@ class HybridCollator:
                "group_size": ref.group_size, "group_rank": ref.group_rank,
                "whole_sample_ids": ids[~sh], "whole_sample_starts": ref.starts[~sh],
                "shard_sample_ids": ids[sh], "shard_sample_starts": ref.starts[sh]}
-        whole = [d for d, s in zip(docs, sh) if not s]
-        shard = [d for d, s in zip(docs, sh) if s]
-        out["whole"] = pack_documents(whole, 1, 0, None, self.pad_token_id) if whole else None
-        out["shard"] = pack_documents(shard, ref.group_size, ref.group_rank, None,
-                                      self.pad_token_id) if shard else None
+        kw = fetched.pack_kwargs()
+
+        def part(keep: np.ndarray) -> dict:  # docs, labels and token columns of some items
+            pick = np.flatnonzero(keep).tolist()
+            lab = kw["labels"]
+            return {"docs": [docs[i] for i in pick],
+                    "labels": None if lab is None else [lab[i] for i in pick],
+                    "columns": {c: [v[i] for i in pick] for c, v in kw["columns"].items()}}
+        whole, shard = part(~sh), part(sh)
+        out["whole"] = pack_documents(whole.pop("docs"), 1, 0, None, self.pad_token_id,
+                                      **whole) if (~sh).any() else None
+        out["shard"] = pack_documents(shard.pop("docs"), ref.group_size, ref.group_rank, None,
+                                      self.pad_token_id, **shard) if sh.any() else None
+        if fetched.labels is not None:
+            check_loss_tokens(ref.loss_tokens, sum(
+                p["microbatch_loss_tokens"] for p in (out["whole"], out["shard"])
+                if p is not None), f"round {ref.position}")
         out["num_loss_tokens"] = sum(p["num_loss_tokens"] for p in (out["whole"], out["shard"])
                                      if p is not None)
         out.update(ref.batch_meta())

@@ -106,12 +106,14 @@ class HybridRef(Ref):
     typed fields: ``starts``/``lengths``/``sample_lengths`` int64[N] (token range of each item
     in its sample, planned sample length), ``sharded`` bool[N] (a zigzag shard of the group's
     document, else whole on this rank), ``group_offset``, ``group_size``, ``group_rank``,
-    ``epoch``, ``step``, ``round``, ``step_rounds``, ``position``, ``step_loss_tokens``."""
+    ``epoch``, ``step``, ``round``, ``step_rounds``, ``position``, ``step_loss_tokens``,
+    ``loss_tokens`` (loss targets of these items as the sampler counts them, a sharded item's
+    whole document's)."""
 
     FIELDS = {"starts": None, "lengths": None, "sample_lengths": None, "sharded": None,
               "group_offset": 0, "group_size": 1, "group_rank": 0, "epoch": None,
               "step": None, "round": None, "step_rounds": None, "position": None,
-              "step_loss_tokens": None}
+              "step_loss_tokens": None, "loss_tokens": None}
     __slots__ = tuple(FIELDS)
     BATCH_META = ("epoch", "step", "round", "step_rounds", "position", "step_loss_tokens")
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 from torch.utils.data import Sampler
 
-from .columns import LossTokens
+from .columns import LossTokens, as_loss_tokens
 from .cursor import EpochCursor, epoch_number
 from .replan import Replanning
 from .refs import MicrobatchRef
@@ -49,13 +49,6 @@ def rank_coordinates(rank: int, layout: Layout, tp: int = 1) -> dict:
     r = rank // tp
     return {"tp_rank": rank % tp, "cp_rank": r % layout.cp,
             "dp_rank": (r // layout.cp) % layout.dp, "pp_rank": r // (layout.cp * layout.dp)}
-
-
-def as_loss_tokens(loss_tokens) -> Optional[LossTokens]:
-    """``loss_tokens=`` of a sampler as a :class:`LossTokens` (None stays None)."""
-    if loss_tokens is None or isinstance(loss_tokens, LossTokens):
-        return loss_tokens
-    return LossTokens(loss_tokens)
 
 
 def mb_loss_tokens(plan, sample_len: np.ndarray, loss_tokens: Optional[LossTokens]) -> np.ndarray:

@@ -20,16 +20,19 @@ Per step and DP rank (all numpy, computed from the plan alone, no communication)
 * :func:`collate_microbatch`: :func:`balancer.loader.collate.pack_documents` of the expanded sequences
   plus ``embed_positions`` int64[V] (positions in this rank's (CP shard of the) sequence) and
   ``embed_rows`` int64[V] (rows of the received buffer): ``inputs_embeds[embed_positions] =
-  received[embed_rows]``; labels are -100 on placeholders and where the next token is one.
+  received[embed_rows]``; labels are -100 on placeholders and where the next token is one, and
+  where the example's ``labels`` / ``loss_mask`` does not train the text token;
+  ``microbatch_loss_tokens`` counts the targets of ``shift_labels`` over every CP rank.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..loader.collate import IGNORE, pack_documents
+from ..loader.columns import check_length, labels_row, mask_row
 from .plan import MMPlan
 from .table import AUDIO, IMAGE, KINDS, VIDEO
 from ..zigzag import cp_pad_unit
@@ -50,10 +53,33 @@ class MediaTokens:
 @dataclass
 class MMExample:
     """One sample as the dataset returns it: text ids with one marker per media item, and the
-    encoder input of every item (table order: images, videos, audio), float[positions, in_dim]."""
+    encoder input of every item (table order: images, videos, audio), float[positions, in_dim].
+
+    What is trained (at most one; default every text token): ``labels`` one per text token
+    (token ids, -100 where not trained) or ``loss_mask`` one 0/1 per text token; a marker's
+    placeholders are never trained (:mod:`balancer.loader.columns`)."""
 
     input_ids: np.ndarray
     media: list
+    labels: Optional[np.ndarray] = None
+    loss_mask: Optional[np.ndarray] = None
+
+
+def text_labels(ex: MMExample, sample: int) -> np.ndarray:
+    """int64 per text token: the token where trained, -100 elsewhere (checked, naming the
+    sample)."""
+    ids = np.asarray(ex.input_ids, np.int64)
+    if ex.labels is not None and ex.loss_mask is not None:
+        raise ValueError(f"sample {sample}: give labels or loss_mask, not both")
+    for name in ("labels", "loss_mask"):
+        v = getattr(ex, name)
+        if v is not None:
+            check_length(np.asarray(v).reshape(-1), ids.shape[0], sample, name, "input_ids")
+    if ex.labels is not None:
+        return labels_row(ex.labels, sample, "labels")
+    if ex.loss_mask is not None:
+        return np.where(mask_row(ex.loss_mask, sample, "loss_mask"), ids, IGNORE)
+    return ids
 
 
 Fetch = Callable[[int], MMExample]
@@ -82,6 +108,22 @@ def expand_sample(ex: MMExample, sample: int, kinds: np.ndarray, tokens: np.ndar
     cum = np.zeros(ids.shape[0] + 1, np.int64)
     np.cumsum(reps, out=cum[1:])
     return out, cum[where]
+
+
+def _expanded_labels(ex: MMExample, sample: int, first: np.ndarray, tokens: np.ndarray, n: int,
+                     markers: MediaTokens) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels, placeholder)``: int64[n] the sample's text labels on its expanded sequence of
+    ``n`` tokens, -100 on every placeholder (item ``k``'s ``tokens[k]`` from ``first[k]``), and
+    bool[n] where the placeholders are."""
+    text = text_labels(ex, sample)
+    ids = np.asarray(ex.input_ids, np.int64)
+    is_marker = np.isin(ids, [markers.image, markers.video, markers.audio])
+    ph = np.zeros(n, bool)
+    within = np.arange(int(tokens.sum())) - np.repeat(np.cumsum(tokens) - tokens, tokens)
+    ph[np.repeat(first, tokens) + within] = True
+    out = np.full(n, IGNORE, np.int64)
+    out[~ph] = text[~is_marker]  # every other token is a text token, in order
+    return out, ph
 
 
 def encoder_batch(mp: MMPlan, step: int, rank: int, fetch: Fetch) -> dict:
@@ -161,7 +203,8 @@ def collate_microbatch(mp: MMPlan, mb: int, fetch: Fetch, route: StepRoute,
     sl = plan.entries(mb)
     samples = plan.entry_sample[sl]
     starts, lengths = np.asarray(plan.entry_start[sl]), plan.entry_length[sl]
-    docs, item_pos, item_ids = [], [], []
+    docs, labels, item_pos, item_ids = [], [], [], []
+    trained = 0
     unit = cp_pad_unit(cp)
     offset = 0
     for s, st, ln in zip(samples.tolist(), starts.tolist(), lengths.tolist()):
@@ -175,14 +218,20 @@ def collate_microbatch(mp: MMPlan, mb: int, fetch: Fetch, route: StepRoute,
                 f"for {full} (dataset and plan disagree: tokens would be "
                 f"{'cut off' if ids.shape[0] > full else 'missing'}); re-plan from this "
                 f"dataset's lengths, or give the dataset the plan was made from")
-        ids = ids[st:st + ln]
+        # the text's labels on the expanded sequence (placeholders never trained)
+        lab, ph = _expanded_labels(ex, s, first, t.media_tokens[msl], ids.shape[0], markers)
+        ids, lab, ph = ids[st:st + ln], lab[st:st + ln], ph[st:st + ln]
+        # targets: trained tokens after the first whose previous token is no placeholder (the
+        # shift below drops a placeholder's prediction of the next token)
+        trained += int(np.count_nonzero((lab[1:] != IGNORE) & ~ph[:-1]))
         if msl.stop > msl.start and st != 0:
             raise ValueError(f"sample {s}: a piece of a sample with media (never cut)")
         docs.append(ids)
+        labels.append(lab)
         item_pos.append(first + offset)
         item_ids.append(np.arange(msl.start, msl.stop))
         offset += -(-ln // unit) * unit
-    out = pack_documents(docs, cp, cp_rank, None, pad_token_id)
+    out = pack_documents(docs, cp, cp_rank, None, pad_token_id, labels=labels)
     item_pos = np.concatenate(item_pos) if item_pos else np.zeros(0, np.int64)
     item_ids = np.concatenate(item_ids) if item_ids else np.zeros(0, np.int64)
     tok = t.media_tokens[item_ids]
@@ -219,6 +268,7 @@ def collate_microbatch(mp: MMPlan, mb: int, fetch: Fetch, route: StepRoute,
         nxt_ph = nxt_full[out["cp_index"]]
     out["shift_labels"] = np.where(ph | nxt_ph, IGNORE, out["shift_labels"])
     out["num_loss_tokens"] = int((out["shift_labels"] != IGNORE).sum())
+    out["microbatch_loss_tokens"] = trained  # every CP rank's (placeholders never trained)
     out.update(embed_positions=pos, embed_rows=rows, media_ids=item_ids,
                sample_ids=samples.astype(np.int64), sample_starts=starts.astype(np.int64))
     return out

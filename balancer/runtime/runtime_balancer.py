@@ -26,7 +26,8 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..loader.collate import FetchedMicrobatch, PackedCollator
+from ..loader.collate import IGNORE, FetchedMicrobatch, PackedCollator
+from ..loader.columns import labels_row, mask_row
 from ..config import Layout, PlannerConfig
 from ..cost.model import CostModel
 from ..loader.refs import MicrobatchRef
@@ -130,12 +131,25 @@ class RuntimeBalancer:
     ``layout.dp`` must equal its size. ``microbatches``/``min_microbatches``/``carry``/
     ``max_carry``/``over_length`` are :class:`StepPlanner`'s policies; ``cp_rank`` selects the CP
     shard the collator cuts (run one balancer per CP rank over its own DP group: every CP rank of
-    a replica then gets the same microbatches)."""
+    a replica then gets the same microbatches).
+
+    ``labels_field`` (token ids, -100 where not trained) or ``loss_mask_field`` (0/1) names a
+    per-token payload field saying which tokens are trained (at most one): ``labels`` and
+    ``shift_labels`` then train those only, and ``num_loss_tokens``, ``microbatch_loss_tokens``
+    and ``step_loss_tokens`` count them (each rank counts its offered samples' trained tokens
+    and sends the counts with its offers: no further collective). Per-token payload fields
+    are packed, padded with 0 and CP-sharded like ``input_ids``."""
 
     def __init__(self, cost: CostModel, layout: Layout, config: Optional[PlannerConfig] = None,
                  *, group=None, microbatches=None, min_microbatches: int = 1, carry: bool = True,
                  max_carry: Optional[int] = None, over_length: str = "error", cp_rank: int = 0,
-                 collator: Optional[PackedCollator] = None):
+                 collator: Optional[PackedCollator] = None, labels_field: Optional[str] = None,
+                 loss_mask_field: Optional[str] = None):
+        if labels_field is not None and loss_mask_field is not None:
+            raise ValueError(f"give labels_field ({labels_field!r}) or loss_mask_field "
+                             f"({loss_mask_field!r}), not both: each says what is trained")
+        self.labels_field, self.loss_mask_field = labels_field, loss_mask_field
+        self._trained_field = labels_field if labels_field is not None else loss_mask_field
         self.rank, world = world_of(group)
         if layout.dp != world:
             raise ValueError(f"layout.dp {layout.dp} differs from the {world} ranks of the group "
@@ -180,12 +194,16 @@ class RuntimeBalancer:
         dp = lay.dp
         try:
             offered, o_ids, o_ages = self._offer(samples, ids)
+            trained = self._trained_counts(offered, o_ids)
             error = None
         except LOCAL_ERRORS as e:  # refused on every rank below, no rank left in a collective
             offered, o_ids, o_ages, error = None, np.zeros(0, np.int64), np.zeros(0, np.int64), e
+            trained = None
         hdr = dict(header or {})
         hdr.update(step=self.step_index, schema=offered.schema if offered is not None else None,
                    error=None if error is None else (str(error) or repr(error)))
+        if trained is not None:
+            hdr["trained"] = trained
         o_len = offered.lengths if offered is not None else np.zeros(0, np.int64)
         offers, headers, gstats = gather_offers(o_ids, o_len, o_ages, hdr, self.group)
         raise_refused(headers, error)
@@ -208,7 +226,7 @@ class RuntimeBalancer:
             recv_len = [offers.length[plan.transfers(s, me)] for s in range(dp)]
             received, xstats = all_to_all(send, recv_len, schema, moved, self.group)
             t_c = time.perf_counter()
-            microbatches = self._collate(plan, e_me, received)
+            microbatches = self._collate(plan, e_me, received, self._gathered_trained(headers))
             t_collate = time.perf_counter() - t_c
         else:
             microbatches, t_collate = [], 0.0
@@ -248,6 +266,33 @@ class RuntimeBalancer:
         raise the same RuntimeError naming the rank, the source and the error."""
         fail_step(error, self.group, self.step_index, source)
 
+    def _trained_counts(self, offered, ids) -> Optional[list]:
+        """Trained tokens after each offered sample's first (the loss targets), checked; None
+        without a labels or mask field."""
+        if self._trained_field is None or offered is None:
+            return None if self._trained_field is None else []
+        if self._trained_field not in offered.token:
+            raise ValueError(f"the payload has no per-token field {self._trained_field!r} (what "
+                             f"is trained), only {sorted(offered.token)}")
+        out = []
+        for i in range(len(offered)):
+            out.append(int(np.count_nonzero(self._trained(offered, i, int(ids[i]))[1:])))
+        return out
+
+    def _trained(self, cols, i: int, sample: int) -> np.ndarray:
+        """bool per token of sample ``i`` of ``cols``: trained or not (checked, naming it)."""
+        raw = cols.rows(self._trained_field, i).cpu().numpy()
+        if self.labels_field is not None:
+            return labels_row(raw, sample, self.labels_field) != IGNORE
+        return mask_row(raw, sample, self.loss_mask_field)
+
+    @staticmethod
+    def _gathered_trained(headers: list) -> Optional[np.ndarray]:
+        """int64 per offer (rank-major, as :class:`Offers`): trained tokens after the first."""
+        if not any("trained" in h for h in headers):
+            return None
+        return np.concatenate([np.asarray(h.get("trained") or [], np.int64) for h in headers])
+
     def _check_schema(self, schema) -> None:
         names = {f.name: f for f in schema}
         if TOKENS not in names or names[TOKENS].kind != "token" or names[TOKENS].trailing != ():
@@ -256,14 +301,15 @@ class RuntimeBalancer:
         if bad:
             raise ValueError(f"payload field(s) {bad} collide with keys the collator writes; "
                              f"rename them")
-        if self.layout.cp > 1:
-            extra = [f.name for f in schema if f.kind == "token" and f.name != TOKENS]
-            if extra:
-                raise ValueError(f"per-token payload fields {extra} are not sharded over CP ranks; "
-                                 f"with cp > 1 only {TOKENS!r} travels per token")
+        f = names.get(self._trained_field) if self._trained_field else None
+        if self._trained_field and (f is None or f.kind != "token" or f.trailing != ()):
+            raise ValueError(f"the payload needs a 1-D per-token field {self._trained_field!r} "
+                             f"(what is trained), got {_fmt(schema)}")
 
-    def _collate(self, plan: StepPlan, e_me: np.ndarray, received: list) -> list:
-        """This rank's microbatches from the received samples (entry order)."""
+    def _collate(self, plan: StepPlan, e_me: np.ndarray, received: list,
+                 trained: Optional[np.ndarray] = None) -> list:
+        """This rank's microbatches from the received samples (entry order); ``trained`` int64
+        per offer: loss targets when a labels or mask field says what is trained."""
         offers, m = plan.offers, plan.microbatches
         src = offers.rank[e_me]
         # position of every entry among the samples of its source, then in the concatenation
@@ -276,7 +322,7 @@ class RuntimeBalancer:
         allc = Columns.concat(received).take(base[src] + within)
         counts = np.diff(plan.mb_offsets[self.rank * m:(self.rank + 1) * m + 1])
         starts = np.concatenate([[0], np.cumsum(counts)])
-        step_loss = plan.step_loss_tokens
+        step_loss = plan.step_loss_tokens if trained is None else int(trained[plan.entry].sum())
         out = []
         for j in range(m):
             lo, hi = int(starts[j]), int(starts[j + 1])
@@ -285,24 +331,46 @@ class RuntimeBalancer:
             toks = cols.token[TOKENS].cpu().numpy()
             cu = cols.offsets
             docs = [toks[cu[i]:cu[i + 1]] for i in range(hi - lo)]
+            labels = None
+            if trained is not None:
+                labels = [np.where(self._trained(cols, i, int(ids[i])), d, IGNORE)
+                          for i, d in enumerate(docs)]
             ref = MicrobatchRef(
                 ids.tolist(), starts=np.zeros(hi - lo, np.int64), lengths=cols.lengths,
                 epoch=0, position=self.position, step=self.step_index, slot=j,
                 step_microbatches=m, mb=self.rank * m + j,
-                loss_tokens=int((cols.lengths - 1).sum()), step_loss_tokens=step_loss,
+                loss_tokens=int((cols.lengths - 1).sum()) if trained is None else
+                int(trained[e_me[lo:hi]].sum()), step_loss_tokens=step_loss,
                 cp=self.layout.cp, cp_rank=self.cp_rank, dp_rank=self.rank)
-            b = self.collator(FetchedMicrobatch(ref, docs))
+            b = self.collator(FetchedMicrobatch(ref, docs, labels))
             as_t = (lambda a: torch.from_numpy(a)) if isinstance(b["input_ids"], torch.Tensor) \
                 else (lambda a: a)
             b["source_rank"] = as_t(offers.rank[e_me[lo:hi]].copy())
             b["source_index"] = as_t(offers.index[e_me[lo:hi]].copy())
             for k, v in cols.token.items():
                 if k != TOKENS:
-                    b[k] = v
+                    b[k] = shard_tokens(v, b)
             b.update(cols.sample)
             out.append(b)
             self.position += 1
         return out
+
+
+def shard_tokens(v: torch.Tensor, batch: dict) -> torch.Tensor:
+    """A per-token field ``[T, ...]`` (documents back to back) in the batch's layout: as it is
+    with cp == 1, else padded with 0 like ``input_ids`` and cut to this CP rank's shard."""
+    if "cp_index" not in batch:
+        return v
+    as_np = (lambda a: a.numpy()) if isinstance(batch["cu_seqlens"], torch.Tensor) else \
+        (lambda a: a)
+    cu = np.asarray(as_np(batch["cu_seqlens"]), np.int64)
+    cu_pad = np.asarray(as_np(batch["cu_seqlens_padded"]), np.int64)
+    lens = np.diff(cu)
+    real = np.repeat(cu_pad[:-1] - cu[:-1], lens) + np.arange(int(cu[-1]))
+    full = v.new_zeros((int(cu_pad[-1]),) + tuple(v.shape[1:]))
+    full[torch.from_numpy(real).to(v.device)] = v
+    idx = np.asarray(as_np(batch["cp_index"]), np.int64)
+    return full[torch.from_numpy(idx).to(v.device)]
 
 
 # ---- the way back ------------------------------------------------------------------------------

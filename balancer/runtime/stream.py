@@ -78,14 +78,34 @@ class StreamingPackedDataset(IterableDataset):
     ``layout.dp`` must equal the size of ``group`` (default: the world); ``layout.microbatches``
     microbatches per rank per step (fewer in the last steps). ``id_column`` names an integer id
     in the rows (default: ``rank + dp * k`` for this rank's k-th row). ``max_carry``: steps a
-    sample may be carried before it is pinned (default ``config.max_delay``)."""
+    sample may be carried before it is pinned (default ``config.max_delay``).
+
+    ``labels_column`` (token ids, -100 where not trained) or ``loss_mask_column`` (0/1, e.g.
+    TRL's ``completion_mask``), at most one, say which tokens are trained; ``token_columns``
+    name more per-token columns (advantages, old log-probs...): each is in the batch under its
+    own name, packed, padded and CP-sharded like ``input_ids``, and the loss-token counts count
+    the trained tokens (:class:`~balancer.runtime.runtime_balancer.RuntimeBalancer`)."""
 
     def __init__(self, source, cost: CostModel, layout: Layout,
                  config: Optional[PlannerConfig] = None, *, group=None,
                  tokens_column: str = "input_ids", id_column: Optional[str] = None,
                  tokens_per_rank: Optional[int] = None,
                  uneven: Literal["drain", "stop"] = "drain", max_carry: Optional[int] = None,
-                 over_length: Literal["error", "skip"] = "error", cp_rank: int = 0):
+                 over_length: Literal["error", "skip"] = "error", cp_rank: int = 0,
+                 labels_column: Optional[str] = None, loss_mask_column: Optional[str] = None,
+                 token_columns=()):
+        if isinstance(token_columns, str):
+            raise ValueError(f"token_columns is a list of column names, got the string "
+                             f"{token_columns!r} (write token_columns=[{token_columns!r}])")
+        if labels_column is not None and loss_mask_column is not None:
+            raise ValueError(f"give labels_column ({labels_column!r}) or loss_mask_column "
+                             f"({loss_mask_column!r}), not both: each says what is trained")
+        self.labels_column, self.loss_mask_column = labels_column, loss_mask_column
+        trained = [c for c in (labels_column, loss_mask_column) if c is not None]
+        self._fields = tuple(trained) + tuple(token_columns)
+        if len(set(self._fields)) != len(self._fields) or tokens_column in self._fields:
+            raise ValueError(f"a column is named twice: tokens {tokens_column!r}, "
+                             f"labels/mask {trained}, token_columns {list(token_columns)}")
         if uneven not in ("drain", "stop"):
             raise ValueError(f"uneven must be 'drain' or 'stop', got {uneven!r}")
         if tokens_per_rank is not None and tokens_per_rank < 1:
@@ -179,6 +199,22 @@ class StreamingPackedDataset(IterableDataset):
                              f"not integers")
         return t.to(torch.int64)
 
+    def _columns(self, row, k: int, n: int) -> dict:
+        """This rank's ``k``-th row's labels/mask and token columns (tensors of ``n`` rows); a
+        ValueError naming the row and the column."""
+        out = {}
+        for f in self._fields:
+            if not (isinstance(row, dict) or hasattr(row, "keys")) or f not in row:
+                have = sorted(row.keys()) if hasattr(row, "keys") else type(row).__name__
+                raise ValueError(f"row {k} of this rank's stream has no {f!r} (columns: {have})")
+            v = row[f]
+            t = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
+            if t.dim() != 1 or t.shape[0] != n:
+                raise ValueError(f"row {k} of this rank's stream: column {f!r} has "
+                                 f"{tuple(t.shape)} values but its tokens have {n}")
+            out[f] = t
+        return out
+
     def _id(self, row, k: int, default: int) -> int:
         if not self.id_column:
             return default
@@ -203,7 +239,8 @@ class StreamingPackedDataset(IterableDataset):
         consumed = int(st["source"]["consumed"]) if not _stateful(self.source) else 0
         bal = RuntimeBalancer(self.cost, self.layout, self.config, group=self.group,
                               max_carry=self.max_carry, over_length=self.over_length,
-                              cp_rank=self.cp_rank)
+                              cp_rank=self.cp_rank, labels_field=self.labels_column,
+                              loss_mask_field=self.loss_mask_column)
         lay = self.layout
         owner, self._owner = self._owner, None
         world = World.current(self.group).size
@@ -225,15 +262,16 @@ class StreamingPackedDataset(IterableDataset):
             else:
                 bal.set_held(held["ids"], held["ages"],
                              Columns(np.asarray(held["lengths"], np.int64),
-                                     {TOKENS: held["tokens"]}, {}))
+                                     {TOKENS: held["tokens"], **held.get("fields", {})}, {}))
             bal.step_index, bal.position = st["step"], st["position"]
             c = copy.deepcopy(st["counters"])
             exhausted, next_local = bool(st["exhausted"]), int(st["next_local"])
-            seqs, ids = [], []
+            seqs, ids, fields = [], [], []
             peek = st.get("peek")
             have = 0 if held is None else int(np.sum(held["lengths"]))
             if peek is not None:  # the row read ahead last step (offered even when flushing)
                 seqs.append(peek["tokens"])
+                fields.append(peek.get("fields", {}))
                 ids.append(int(peek["id"]))
                 have += int(peek["tokens"].numel())
                 peek = None
@@ -253,7 +291,8 @@ class StreamingPackedDataset(IterableDataset):
                             c["read"] += 1
                             toks = self._tokens(row, k)
                             if toks.numel():
-                                return self._id(row, k, bal.rank + lay.dp * k), toks
+                                return (self._id(row, k, bal.rank + lay.dp * k), toks,
+                                        self._columns(row, k, toks.numel()))
                             c["empty"] += 1
 
                     while have < target and not exhausted:
@@ -263,6 +302,7 @@ class StreamingPackedDataset(IterableDataset):
                             break
                         ids.append(got[0])
                         seqs.append(got[1])
+                        fields.append(got[2])
                         have += int(got[1].numel())
                     if not exhausted:  # one row ahead: a stream's end is known the step it comes
                         got = pull()
@@ -270,8 +310,11 @@ class StreamingPackedDataset(IterableDataset):
                             exhausted = True
                         else:
                             peek = {"id": got[0], "tokens": got[1]}
+                            if got[2]:
+                                peek["fields"] = got[2]
                 snapshot = self._snapshot(consumed)
-                cols = Columns.from_sequences(seqs) if seqs else None
+                cols = Columns.from_sequences(
+                    seqs, {f: [x[f] for x in fields] for f in self._fields}) if seqs else None
             except Exception as e:  # noqa: BLE001 -- a refused row, or the source failing
                 bal.fail(e, source=SOURCE)
             ends = all if self.uneven == "drain" else any  # this is the last step read
@@ -310,7 +353,9 @@ class StreamingPackedDataset(IterableDataset):
                        "held": None if h_cols is None else {
                            "ids": h_ids.tolist(), "ages": h_ages.tolist(),
                            "lengths": h_cols.lengths.tolist(),
-                           "tokens": h_cols.token[TOKENS].clone()},
+                           "tokens": h_cols.token[TOKENS].clone(),
+                           **({"fields": {f: h_cols.token[f].clone() for f in self._fields}}
+                              if self._fields else {})},
                        "next_local": next_local, "active": lay.dp - sum(flags), "peek": peek,
                        "exhausted": exhausted, "phase": phase, "counters": c}
             self.last_step = {k: v for k, v in res.stats.items() if k != "headers"}
