@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from . import cp_shard
-from .columns import (IGNORE, LossTokens, check_length, labels_row, mask_row, token_row,
-                      trained_targets)
+from .columns import (IGNORE, LossTokens, block_targets, check_length, labels_row, mask_row,
+                      token_row, trained_targets)
 from .refs import MicrobatchRef, Ref
 from ..cost.model import CostModel
 
@@ -207,9 +207,17 @@ class PackedDataset(torch.utils.data.Dataset):
             return None
         n = len(self)
         counts = np.zeros(n, np.int64)
+        c = self._trained_column
         for lo in range(0, n, block):
-            ids = list(range(lo, min(n, lo + block)))
-            for i, raw in zip(ids, self._read(ids, [self._trained_column])[0]):
+            hi = min(n, lo + block)
+            if self._arrow is not None:  # vectorised over the block's flat values
+                col = self._arrow[lo:hi][c].combine_chunks()
+                counts[lo:hi] = block_targets(col.values.to_numpy(zero_copy_only=False),
+                                              col.offsets.to_numpy(),
+                                              self.labels_column is not None, c, lo)
+                continue
+            ids = list(range(lo, hi))
+            for i, raw in zip(ids, self._read(ids, [c])[0]):
                 counts[i] = trained_targets(self._trained(i, raw))
         return LossTokens(counts, self._piece_loss_tokens)
 

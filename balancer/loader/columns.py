@@ -92,6 +92,44 @@ def trained_targets(trained: np.ndarray) -> int:
     return int(np.count_nonzero(trained[1:]))
 
 
+def block_targets(values: np.ndarray, offsets: np.ndarray, labels: bool, column: str,
+                  first_sample: int) -> np.ndarray:
+    """Loss targets (int64[rows]) of consecutive rows given as one flat ``values`` array and
+    ``offsets`` int64[rows + 1] into it (Arrow's list layout), vectorised; a bad row is refused
+    with the message of :func:`labels_row` / :func:`mask_row` naming its sample."""
+    offsets = np.asarray(offsets, np.int64)
+    v = np.asarray(values)[offsets[0]:offsets[-1]]
+    offsets = offsets - offsets[0]
+
+    def refuse(j: int):  # the row holding flat position j: checked alone for its message
+        r = int(np.searchsorted(offsets, j, side="right") - 1)
+        row = v[offsets[r]:offsets[r + 1]]
+        (labels_row if labels else mask_row)(row, first_sample + r, column)
+        raise AssertionError("unreachable: the row was refused above")  # pragma: no cover
+
+    if labels:
+        if v.dtype.kind not in "iu":
+            refuse(0) if v.shape[0] else None
+        bad = (v < 0) & (v != IGNORE)
+        trained = v != IGNORE
+    elif v.dtype == bool:
+        bad, trained = np.zeros(0, bool), v
+    else:
+        if v.dtype.kind not in "iuf":
+            refuse(0) if v.shape[0] else None
+        bad = (v != 0) & (v != 1)
+        trained = v == 1
+    if bad.any():
+        refuse(int(np.flatnonzero(bad)[0]))
+    cs = np.zeros(v.shape[0] + 1, np.int64)
+    np.cumsum(trained, out=cs[1:])
+    lens = np.diff(offsets)
+    out = cs[offsets[1:]] - cs[offsets[:-1]]
+    some = lens > 0
+    out[some] -= trained[offsets[:-1][some]]  # a document's first token is never a target
+    return out
+
+
 class LossTokens:
     """Trained-token counts for the samplers (see the module docstring).
 
@@ -141,5 +179,5 @@ def as_loss_tokens(loss_tokens) -> Optional[LossTokens]:
     return LossTokens(loss_tokens)
 
 
-__all__ = ["IGNORE", "LossTokens", "as_loss_tokens", "check_length", "labels_row", "mask_row", "token_row",
+__all__ = ["IGNORE", "LossTokens", "as_loss_tokens", "block_targets", "check_length", "labels_row", "mask_row", "token_row",
            "trained_targets"]

@@ -381,3 +381,37 @@ def test_step_loss_tokens_over_two_gloo_ranks(tmp_path):
     assert res[0]["trained"] == res[1]["trained"] > 0
     assert res[0]["trained"] <= sum(ref_document(r["input_ids"], r["completion_mask"])[3]
                                     for r in rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1), max_size=9), min_size=1, max_size=12),
+       st.integers(1, 5), st.booleans())
+def test_arrow_counts_in_blocks_equal_row_by_row(masks, block, as_labels):
+    datasets = pytest.importorskip("datasets")
+    ids = [[7 + j for j in range(len(m))] for m in masks]
+    col = [[t if b else IGNORE for t, b in zip(i, m)] for i, m in zip(ids, masks)] \
+        if as_labels else masks
+    name = "labels" if as_labels else "completion_mask"
+    ds = datasets.Dataset.from_dict({"input_ids": ids, name: col})
+    kw = {"labels_column": name} if as_labels else {"loss_mask_column": name}
+    got = PackedDataset(ds, **kw).loss_tokens(block=block).per_sample.tolist()
+    want = [sum(m[1:]) for m in masks]
+    assert got == want
+    assert PackedDataset(Rows([{"input_ids": np.array(i, np.int64), name: np.array(c, np.int64)}
+                               for i, c in zip(ids, col)]), **kw).loss_tokens() \
+        .per_sample.tolist() == want
+
+
+def test_arrow_counts_name_the_bad_sample_in_a_later_block():
+    datasets = pytest.importorskip("datasets")
+    masks = [[1, 0, 1]] * 9 + [[], [0, 1, 2]]
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * len(m) for m in masks],
+                                     "completion_mask": masks})
+    with pytest.raises(ValueError, match=r"sample 10: loss mask column 'completion_mask' holds "
+                                         r"2 at token 2"):
+        PackedDataset(ds, loss_mask_column="completion_mask").loss_tokens(block=4)
+    labels = [[1, IGNORE, 3]] * 5 + [[1, -7]]
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * len(x) for x in labels],
+                                     "labels": labels})
+    with pytest.raises(ValueError, match=r"sample 5: labels column 'labels' holds -7 at token 1"):
+        PackedDataset(ds, labels_column="labels").loss_tokens(block=4)
