@@ -343,7 +343,20 @@ class CostModel(BaseModel):
 
     @classmethod
     def quadratic(cls, scale: int = 65536, backward_ratio: float = 2.0) -> "CostModel":
-        """Forward ``L + L^2/scale`` per document, backward ``backward_ratio`` times that."""
+        """Forward ``L + L^2/scale`` per document, backward ``backward_ratio`` times that.
+        ``scale`` a whole number of tokens >= 1, ``backward_ratio`` finite and >= 0 (else one
+        ValueError naming the value)."""
+        ok = not isinstance(scale, bool) and isinstance(scale, (int, float, np.integer,
+                                                                np.floating))
+        if not (ok and math.isfinite(scale) and scale >= 1 and float(scale).is_integer()):
+            raise ValueError(f"CostModel.quadratic: scale {scale!r} is not a number of tokens "
+                             f">= 1 (the length at which attention costs as much as the rest)")
+        if isinstance(backward_ratio, bool) or not isinstance(
+                backward_ratio, (int, float, np.integer, np.floating)) or \
+                not math.isfinite(backward_ratio) or backward_ratio < 0:
+            raise ValueError(f"CostModel.quadratic: backward_ratio {backward_ratio!r} is not a "
+                             f"finite number >= 0")
+        scale = int(scale)
         return cls(name=f"quadratic-{scale // 1024}k", unit="tokens",
                    forward=PassCost(a=1.0 / scale, b=1.0),
                    backward=PassCost(a=backward_ratio / scale, b=backward_ratio))

@@ -21,6 +21,7 @@ ranks of one DP replica receive the same microbatches; the collator cuts the CP 
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Union
 
 import numpy as np
@@ -65,6 +66,16 @@ def mb_loss_tokens(plan, sample_len: np.ndarray, loss_tokens: Optional[LossToken
     csum = np.zeros(per_entry.shape[0] + 1, np.int64)
     np.cumsum(per_entry, out=csum[1:])
     return csum[plan.mb_offsets[1:]] - csum[plan.mb_offsets[:-1]]
+
+
+def _whole(name: str, v) -> int:
+    """A rank (or count) as an int; a ValueError naming it when it is not a whole number (0.5
+    and True were served as ranks before)."""
+    ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer,
+                                                                np.floating))
+    if not (ok and math.isfinite(v) and float(v).is_integer()):
+        raise ValueError(f"{name} {v!r} is not an integer")
+    return int(v)
 
 
 class PackedBatchSampler(Replanning, Sampler):
@@ -158,6 +169,10 @@ class PackedBatchSampler(Replanning, Sampler):
     # ---- ranks ----------------------------------------------------------------------------
     def _set_ranks(self, num_replicas, rank, dp_rank, cp_rank, pp_rank, tp):
         lay = self.layout
+        num_replicas, rank, dp_rank, cp_rank, pp_rank, tp = (
+            None if v is None else _whole(name, v) for name, v in (
+                ("num_replicas", num_replicas), ("rank", rank), ("dp_rank", dp_rank),
+                ("cp_rank", cp_rank), ("pp_rank", pp_rank), ("tp", tp)))
         if num_replicas is not None and num_replicas != lay.dp:
             raise ValueError(f"num_replicas {num_replicas} differs from the layout's dp {lay.dp}")
         if num_replicas is not None and rank is not None:  # DistributedSampler convention

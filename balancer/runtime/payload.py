@@ -112,7 +112,12 @@ class Columns:
         """``tokens``: one 1-D tensor (or array/list) of token ids per sample;
         ``token_fields[name]``: one tensor per sample with as many rows as its tokens;
         ``sample_fields[name]``: a tensor ``[n, ...]`` or a list of n equal-shaped tensors."""
-        seqs = [torch.as_tensor(t).reshape(-1) for t in tokens]
+        seqs = []
+        for i, t in enumerate(tokens):
+            t = torch.as_tensor(t)
+            if sum(d > 1 for d in t.shape) > 1:  # [1, L] (a tokenizer's batch of one) is 1-D
+                raise ValueError(f"sample {i}: token ids of shape {list(t.shape)}, not 1-D")
+            seqs.append(t.reshape(-1))
         lengths = np.fromiter((s.shape[0] for s in seqs), np.int64, len(seqs))
         for i, t in enumerate(seqs):
             token_ids(t, f"sample {i}")

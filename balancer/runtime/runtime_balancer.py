@@ -65,6 +65,22 @@ def raise_refused(headers: list, local: Optional[BaseException] = None) -> None:
         from local
 
 
+def integer_ids(ids) -> np.ndarray:
+    """``ids`` as int64[n], or a ValueError naming the first that is not an integer (a float
+    id was truncated before: 1.5 trained as sample 1)."""
+    a = np.asarray(ids).reshape(-1)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64)
+    bad = np.ones(a.shape[0], bool)
+    if a.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(a) | (a != np.floor(a)) | (np.abs(a) >= 2.0 ** 63)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"ids: sample {i}'s id {a[i].item()!r} is not an integer")
+    return a.astype(np.int64)
+
+
 def fail_step(error: BaseException, group=None, step: int = 0,
               source: Optional[str] = None) -> None:
     """Take part in a step's offer collective with ``error`` instead of samples, then raise on
@@ -245,7 +261,7 @@ class RuntimeBalancer:
         """(Columns or None, ids, ages) this rank offers: carried samples first, then new."""
         if samples is not None and len(samples):
             new_ids = np.arange(len(samples), dtype=np.int64) * self.layout.dp + self.rank \
-                if ids is None else np.asarray(ids, np.int64).reshape(-1)
+                if ids is None else integer_ids(ids)
             if new_ids.shape[0] != len(samples):
                 raise ValueError(f"{new_ids.shape[0]} ids for {len(samples)} samples")
         else:

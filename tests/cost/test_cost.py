@@ -80,3 +80,17 @@ def test_presets_and_unknown_keys(tmp_path):
         load_cost_model("nope")
     with pytest.raises(ValueError, match="kv_heads"):
         ModelSpec(hidden=64, layers=1, heads=6, kv_heads=4, ffn=128, vocab=10)
+
+
+@pytest.mark.parametrize("scale, ratio, shown", [(0, 2.0, "scale 0"), (float("inf"), 2.0,
+                                                 "scale inf"), (float("nan"), 2.0, "scale nan"),
+                                                (-4, 2.0, "scale -4"), (True, 2.0, "scale True"),
+                                                (4096, float("nan"), "backward_ratio nan"),
+                                                (4096, -1.0, "backward_ratio -1.0")])
+def test_quadratic_refuses_what_is_not_a_scale(scale, ratio, shown):
+    """CostModel.quadratic(0) was a ZeroDivisionError, (inf) an all-linear model named
+    'quadratic-nank', (nan) a pydantic error about a coefficient: one line naming the input."""
+    with pytest.raises(ValueError, match=rf"^CostModel.quadratic: {shown} ") as e:
+        CostModel.quadratic(scale, ratio)
+    assert "\n" not in str(e.value)
+    assert CostModel.quadratic(4096.0).name == CostModel.quadratic(4096).name == "quadratic-4k"

@@ -306,3 +306,19 @@ def test_dataloader_resume_is_exact(kind, workers):
                     break
             del dl
         assert got == expected, (kind, workers, cuts)
+
+
+@pytest.mark.parametrize("kw, shown", [({"dp_rank": 0.5}, "0.5"), ({"dp_rank": True}, "True"),
+                                       ({"dp_rank": "1"}, "'1'"), ({"rank": 1.5}, "1.5"),
+                                       ({"dp_rank": 0, "cp_rank": 0.5}, "0.5")])
+def test_ranks_that_are_not_integers_are_refused(kw, shown):
+    """A rank that is not an integer is one ValueError naming it (before: dp_rank=0.5 and
+    True were served as ranks, '1' was a TypeError of a comparison)."""
+    lay = Layout(dp=2, cp=2, microbatches=2, capacity=1024)
+    with pytest.raises(ValueError, match=r"rank " + shown.replace(".", r"\.") +
+                       r" is not an integer") as e:
+        PackedBatchSampler(SampleTable(lengths()), COST, lay, PlannerConfig(), **kw)
+    assert "\n" not in str(e.value)
+    s = PackedBatchSampler(SampleTable(lengths()), COST, lay, PlannerConfig(),
+                           dp_rank=np.int64(1), cp_rank=1.0)  # integral values still serve
+    assert (s.dp_rank, s.cp_rank) == (1, 1) and type(s.dp_rank) is int

@@ -8,6 +8,7 @@ stream); ``balance_rollout`` refuses a capacity or microbatch count that is not 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -114,3 +115,18 @@ def test_a_source_failing_on_one_rank_raises_on_every_rank(tmp_path):
         for g in got:
             assert g["type"] == "RuntimeError" and g["msg"] == want, got
         assert got[0]["n"] == got[1]["n"]  # the same microbatches before it, on both ranks
+
+
+def test_rollout_ids_and_token_shapes_are_checked():
+    """Sample ids that are not integers were truncated (1.5 -> 1), a 2-D token tensor was
+    flattened into one longer document: each is refused naming the sample."""
+    cost = CostModel.quadratic(128)
+    one = torch.ones(3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"input refused on rank 0: ids: sample 0's id 1\.5 "
+                                         r"is not an integer"):
+        balance_rollout([one, one], cost, 16, ids=[1.5, 2])
+    with pytest.raises(ValueError, match=r"input refused on rank 0: .*sample 1: token ids of "
+                                         r"shape \[3, 2\], not 1-D"):
+        balance_rollout([one, torch.ones((3, 2), dtype=torch.long)], cost, 16)
+    r = balance_rollout([one, one], cost, 16, ids=np.array([4.0, 7.0]))  # integral: the ids
+    assert sorted(i for b in r.microbatches for i in b["sample_ids"].tolist()) == [4, 7]
