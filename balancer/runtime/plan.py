@@ -27,8 +27,12 @@ Policies (all counted in ``StepPlan.stats``, nothing dropped):
   cost model count against more microbatches).
 * ``carry=False`` with a fixed count: a step that does not fit raises, naming the totals.
 * ``final=True`` (end of a stream): the tail is merged into the step when it fits
-  (``tail="partial"``); fewer samples than DP ranks cannot make a step (every rank needs one)
-  and are returned as ``unplanned``.
+  (``tail="partial"``); a step whose carried samples the following final steps could not all
+  train (fewer than DP ranks left, or a tail no step can place) plans the longest prefix of
+  its offers whose rest drains (the newest wait), or else the whole step in at most the
+  layout's microbatches per rank (FFD on tokens when the strategy cannot). Only offers of
+  fewer samples than DP ranks in all (or a tail no rule places) cannot make a step and are
+  returned as ``unplanned`` (counted, by id).
 * over-long samples (padded size over the capacity): ``over_length="error"`` raises naming the
   rank, the sample id, its length and the capacity; ``"skip"`` leaves them out, listed in
   ``skipped``.
@@ -207,10 +211,69 @@ class StepPlanner:
                 hi = mid - 1
         return found or best
 
+    def _drains(self, offers, rest, lay, cfg, limit: int = 64) -> bool:
+        """Whether ``rest`` (offer indices, in offer order), offered alone in further final
+        steps, is trained to the last sample: each step's plan places some, never leaving
+        fewer than ``dp`` (nor an unplaceable tail). Carried samples come back in the same
+        order (one step older each), so this is the next steps' plan unless other offers join."""
+        for _ in range(limit):
+            if rest.shape[0] == 0:
+                return True
+            if rest.shape[0] < lay.dp:
+                return False
+            try:
+                e, _, _, _, rest = self._plan(offers, rest, lay, cfg)
+            except ValueError:
+                return False
+            if e.shape[0] == 0:
+                return False
+        return False
+
+    def _keep_back(self, offers, stream, lay, cfg, keep, first):
+        """The longest prefix of the offers whose plan carries at least ``keep`` samples (the
+        newest wait one step); the first plan when none does."""
+        for k in range(stream.shape[0] - (keep - first[1][4].shape[0]), lay.dp - 1, -1):
+            try:
+                e, o, f, b, rest = self._plan(offers, stream[:k], lay, cfg)
+            except ValueError:
+                continue
+            rest = np.concatenate([rest, stream[k:]])
+            if e.shape[0] and rest.shape[0] >= keep:
+                return stream[:k], (e, o, f, b, rest)
+        return first
+
+    def _drain_plan(self, offers, stream, lay, cfg, first):
+        """A final step whose carried samples would not all be trained by the steps after it
+        (fewer left than DP ranks, or a tail no step can place: they would end unplanned, issue
+        29 item 3) plans instead the longest prefix of its offers whose rest drains (the newest
+        offers wait), or, failing that, the whole step in at most the layout's microbatches
+        per rank (the strategy, then FFD on tokens); the first plan when none does.
+        ``first``: (the offers the first plan planned, its arrays); ``stream``: all the step's
+        offers. Returns (the planned offers, the plan's layout and config, its arrays)."""
+        for k in range(stream.shape[0] - 1, lay.dp - 1, -1):
+            try:
+                e, o, f, b, rest = self._plan(offers, stream[:k], lay, cfg)
+            except ValueError:
+                continue
+            rest = np.concatenate([rest, stream[k:]])
+            if e.shape[0] and self._drains(offers, rest, lay, cfg):
+                return stream[:k], lay, cfg, (e, o, f, b, rest)
+        ffd = self._ffd_config.model_copy(update={"tail": cfg.tail})
+        for m in range(lay.microbatches, 0, -1):  # every rank needs m non-empty microbatches
+            for c in (cfg, ffd):
+                whole = self._try(offers, stream, self._layout_with(m), c)
+                if whole is not None:
+                    _, layout, e, o, f, b = whole
+                    return stream, layout, c, (e, o, f, b, stream[:0])
+        return first[0], lay, cfg, first[1]
+
     # ---- the plan ------------------------------------------------------------------------
-    def plan(self, offers: Offers, *, final: bool = False) -> StepPlan:
+    def plan(self, offers: Offers, *, final: bool = False, keep: int = 0) -> StepPlan:
         """The step's plan from every rank's offers (identical on every rank). ``final``: no
-        more samples will be offered after these (the end of a stream)."""
+        more samples will be offered after these (the end of a stream) except ``keep`` > 0:
+        the next step brings new samples, but fewer than ``dp``; this step then carries at
+        least ``keep`` (when a shorter prefix of the offers allows it), so that the next has
+        one for every rank."""
         t0 = time.perf_counter()
         lay = self.layout
         self._sizes = padded_sizes(offers.length, lay.cp)
@@ -252,6 +315,12 @@ class StepPlanner:
         if np.isin(pinned, rest).any():
             planned, (entry, offs, f, b, rest) = self._pin(offers, stream, pinned, lay, cfg,
                                                            (entry, offs, f, b, rest), stats)
+        if keep > 0 and rest.size < keep:
+            planned, (entry, offs, f, b, rest) = self._keep_back(
+                offers, stream, lay, cfg, keep, (planned, (entry, offs, f, b, rest)))
+        elif final and keep <= 0 and rest.size and not self._drains(offers, rest, lay, cfg):
+            planned, lay, cfg, (entry, offs, f, b, rest) = self._drain_plan(
+                offers, stream, lay, cfg, (planned, (entry, offs, f, b, rest)))
         stats["carry_bound_exceeded"] = int((offers.age[rest] >= self.max_carry).sum())
         if rest.size and not self.carry:
             raise ValueError(

@@ -199,13 +199,15 @@ class RuntimeBalancer:
                              f"{n} carried samples differ")
 
     # ---- one step ---------------------------------------------------------------------------
-    def step(self, samples: Optional[Columns] = None, ids=None, *, final=False,
+    def step(self, samples: Optional[Columns] = None, ids=None, *, final=False, keep=0,
              header: Optional[dict] = None) -> StepResult:
         """Balance this rank's new ``samples`` (with ``ids`` int64[n], default
         ``rank + dp * i``) together with its carried ones, over every rank. ``final``: no
         samples follow (bool), or a function of every rank's ``header`` deciding it (e.g. "every
-        stream has ended"). Collective: every rank of the group calls it, each with its own
-        samples (possibly none)."""
+        stream has ended"). ``keep`` (int, or a function of the headers): samples to carry at
+        least, when the next step brings fewer new ones than ranks (:meth:`StepPlanner.plan`).
+        Collective: every rank of the group calls it, each with its own samples (possibly
+        none)."""
         lay = self.layout
         dp = lay.dp
         try:
@@ -231,7 +233,9 @@ class RuntimeBalancer:
                 offered = Columns.empty(schema)
         if callable(final):
             final = bool(final(headers))
-        plan = self.planner.plan(offers, final=final)
+        if callable(keep):
+            keep = int(keep(headers))
+        plan = self.planner.plan(offers, final=final, keep=keep)
         me = self.rank
         e_me = plan.entry[plan.rank_entries(me)] if plan.microbatches else np.zeros(0, np.int64)
         src = offers.rank[plan.entry]

@@ -28,10 +28,14 @@ Unequal stream lengths (``uneven``), decided from the flags every rank sends wit
   its stream's end the step it comes) is trained in a flush step.
 
 Either way, carried samples are flushed in further steps (``final=True``: the tail merged into a
-step when it fits), and what cannot make a step (fewer samples than DP ranks) is counted with
-its ids in ``stats["unplanned"]``/``["unplanned_ids"]``; empty rows are counted in
-``stats["empty"]``, over-long ones raise (``over_length="error"``) or are counted in
-``stats["skipped"]`` (``"skip"``). Nothing else is left out: every row read is trained once.
+step when it fits; a final step never carries what the next ones could not train, e.g. fewer
+samples than DP ranks), and what still cannot make a step (fewer samples than DP ranks in the
+whole stream, or a tail of samples too heavy to share any split) is counted with its ids in
+``stats["unplanned"]``/``["unplanned_ids"]``; empty rows are counted in ``stats["empty"]``,
+over-long ones raise (``over_length="error"``) or are counted in ``stats["skipped"]``
+(``"skip"``). Nothing else is left out: every row read is trained once. The end of each pass
+is logged on every rank (logger ``balancer.runtime.stream``; INFO, WARNING when a sample was
+not trained) with these counts.
 
 ``state_dict()`` is the resume point after the last microbatch handed out: the source's state
 at the start of the current step (its ``state_dict()``, or the rows consumed for a source
@@ -39,6 +43,12 @@ without one, skipped again on resume), the samples carried into the step (token 
 step counter, the microbatches of the step already handed out, and the counters. Loading it on
 every rank and iterating re-reads the step, re-plans it identically and skips what was handed
 out. All ranks must resume from the same step (checked: a mismatch raises on every rank).
+A Hugging Face stream shuffled through a buffer (``ds.shuffle(seed=..., buffer_size=...)``,
+directly or read by a DataLoader) does not hold its buffer in its ``state_dict()``: the wrapper
+finds the buffer shuffle and records, instead, the rows consumed, re-reading the seeded stream
+(at the checkpoint's epoch) and skipping them on resume -- exact, at the cost of re-reading the
+epoch's rows so far; the state carries a digest of the shuffle's seed, and resuming with
+another (an unseeded shuffle draws a new one in every process) is refused, naming the fix.
 The state records the rank and world size it was taken on: loading it on another rank or in a
 job of another size is refused (on every rank, at the first step), as is a state whose values
 cannot be a stream's (a negative count, an unknown phase, a microbatch past its step): one
@@ -47,6 +57,7 @@ ValueError naming the checkpoint and the key, never a bare KeyError.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Iterator, Literal, Optional
 
 import numpy as np
@@ -58,18 +69,16 @@ from ..cost.model import CostModel
 from .runtime_balancer import RuntimeBalancer
 from .payload import TOKENS, Columns
 from ..world import World
+from .stream_source import set_source_epoch, shuffle_fingerprint, stateful
 
 STATE_VERSION = 1
+log = logging.getLogger(__name__)
 CHECKPOINT = "StreamingPackedDataset checkpoint"
 #: keys of a state and what each must be
 _COUNTS = ("epoch", "step", "position", "next_local", "active", "mb", "rank")
 _PHASES = ("read", "flush", "done")
 _MAX_IDS = 10_000  # ids kept per counter (the counts are exact)
 SOURCE = "its stream source"  # names the source in a failure raised on every rank
-
-
-def _stateful(x) -> bool:
-    return callable(getattr(x, "state_dict", None)) and callable(getattr(x, "load_state_dict", None))
 
 
 class StreamingPackedDataset(IterableDataset):
@@ -115,7 +124,12 @@ class StreamingPackedDataset(IterableDataset):
         self.group, self.tokens_column, self.id_column = group, tokens_column, id_column
         self.tokens_per_rank, self.uneven = tokens_per_rank, uneven
         self.max_carry, self.over_length, self.cp_rank = max_carry, over_length, cp_rank
-        self._initial_source = copy.deepcopy(source.state_dict()) if _stateful(source) else None
+        # a stream shuffled through a buffer: its state does not hold the buffer, so it is
+        # re-read from its start (the seeded order is the same) and what was read is skipped
+        self._shuffle = shuffle_fingerprint(source)
+        self._replay = self._shuffle is not None
+        self._initial_source = (copy.deepcopy(source.state_dict()) if self._source_stateful()
+                                else None)
         self.epoch = 0
         self._start = self._fresh()
         self._mb = 0
@@ -124,9 +138,12 @@ class StreamingPackedDataset(IterableDataset):
         self.last_plan = None  # the last step's StepPlan (equal on every rank)
 
     # ---- state --------------------------------------------------------------------------
+    def _source_stateful(self) -> bool:
+        return not self._replay and stateful(self.source)
+
     def _fresh(self) -> dict:
         return {"version": STATE_VERSION, "epoch": self.epoch, "step": 0, "position": 0,
-                "source": self._initial_source if _stateful(self.source) else {"consumed": 0},
+                "source": self._initial_source if self._source_stateful() else {"consumed": 0},
                 "held": None, "peek": None, "next_local": 0, "active": self.layout.dp,
                 "exhausted": False,
                 "phase": "read",
@@ -142,6 +159,8 @@ class StreamingPackedDataset(IterableDataset):
         st["mb"] = self._mb
         w = World.current(self.group)  # whose stream this is: checked when loaded
         st["rank"], st["world_size"] = w.rank, w.size
+        if self._shuffle is not None:
+            st["shuffle"] = self._shuffle
         return st
 
     def load_state_dict(self, state: dict) -> None:
@@ -149,10 +168,20 @@ class StreamingPackedDataset(IterableDataset):
         rank and world size it was taken on)."""
         check_state(state)
         state = dict(state)
+        saved = state.pop("shuffle", None)
+        if saved != self._shuffle:
+            raise ValueError(
+                f"{CHECKPOINT}: the stream's shuffle differs from the checkpoint's ("
+                f"{'none' if saved is None else 'another seed'} there, "
+                f"{'none' if self._shuffle is None else 'a buffer shuffle'} here): resuming "
+                f"re-reads the shuffled stream in the same order, so build it exactly as "
+                f"before, with a fixed seed: ds.shuffle(seed=..., buffer_size=...)")
         self._mb = int(state.pop("mb"))
         self._owner = (int(state.pop("rank")), int(state.pop("world_size")))
         self._start = state
         self.epoch = int(state["epoch"])
+        if self._replay:  # the shuffle's order depends on the epoch: the checkpoint's
+            set_source_epoch(self.source, self.epoch)
 
     @property
     def stats(self) -> dict:
@@ -163,14 +192,13 @@ class StreamingPackedDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start a fresh pass (the source's ``set_epoch`` is called when it has one)."""
         self.epoch = int(epoch)
-        if callable(getattr(self.source, "set_epoch", None)):
-            self.source.set_epoch(self.epoch)
+        set_source_epoch(self.source, self.epoch)
         self._start, self._mb = self._fresh(), 0
 
     # ---- reading --------------------------------------------------------------------------
     def _open(self, st: dict) -> Iterator:
         src = st["source"]
-        if _stateful(self.source):
+        if self._source_stateful():
             if src is not None:
                 self.source.load_state_dict(copy.deepcopy(src))
             return iter(self.source)
@@ -180,7 +208,7 @@ class StreamingPackedDataset(IterableDataset):
         return it
 
     def _snapshot(self, consumed: int):
-        if _stateful(self.source):
+        if self._source_stateful():
             return copy.deepcopy(self.source.state_dict())
         return {"consumed": consumed}
 
@@ -236,7 +264,7 @@ class StreamingPackedDataset(IterableDataset):
             it, opened = self._open(st), None
         except Exception as e:  # noqa: BLE001 -- any failure of the source, sent to every rank
             it, opened = iter(()), e
-        consumed = int(st["source"]["consumed"]) if not _stateful(self.source) else 0
+        consumed = int(st["source"]["consumed"]) if not self._source_stateful() else 0
         bal = RuntimeBalancer(self.cost, self.layout, self.config, group=self.group,
                               max_carry=self.max_carry, over_length=self.over_length,
                               cp_rank=self.cp_rank, labels_field=self.labels_column,
@@ -321,7 +349,8 @@ class StreamingPackedDataset(IterableDataset):
             res = bal.step(cols, np.asarray(ids, np.int64),
                            header={"exhausted": exhausted, "peek": peek is not None},
                            final=True if st["phase"] == "flush" else
-                           (lambda hs: ends(h["exhausted"] for h in hs)))
+                           (lambda hs: ends(h["exhausted"] for h in hs)),
+                           keep=_keep)
             plan = res.plan
             flags = [bool(h["exhausted"]) for h in res.stats["headers"]]
             phase = st["phase"]
@@ -365,6 +394,8 @@ class StreamingPackedDataset(IterableDataset):
                 bal.fail(ValueError(
                     f"{CHECKPOINT}: mb {skip} but step {st['step']} has {len(mbs)} microbatches "
                     f"on rank {bal.rank} (a corrupted state, or one of another run)"))
+            if phase == "done":
+                _log_pass(self.epoch, bal.rank, world, c)
             if not mbs:
                 self._start, self._mb = pending, 0
                 continue
@@ -390,6 +421,32 @@ def in_worker() -> None:
             f"{info.num_workers}: iterate it in the training process (num_workers=0), where its "
             f"step's collectives run; to read the source with workers pass "
             f"StatefulDataLoader(source, batch_size=None, num_workers=k) as its source")
+
+
+def _keep(headers) -> int:
+    """Samples a step must carry so that the next one can give every rank one: the ranks that
+    hold a row read ahead offer it next step (a rank still reading always does); when some but
+    fewer than all do, the others' share is carried (else a last row read ahead could be left
+    alone in a step of its own, untrained: issue 29 item 3)."""
+    ahead = sum(bool(h.get("peek")) for h in headers)
+    return len(headers) - ahead if 0 < ahead < len(headers) else 0
+
+
+def _log_pass(epoch: int, rank: int, world: int, c: dict) -> None:
+    """The end of a pass, one line per rank: what was read here and where every sample went
+    (trained, or counted: empty, skipped, unplanned -- with the first ids); a warning when a
+    sample was not trained."""
+    lost = c["unplanned"] + c["skipped"]
+    seen = c["trained"] + lost
+    msg = (f"stream epoch {epoch} done on rank {rank} of {world}: read {c['read']} rows here "
+           f"({c['empty']} empty), trained {c['trained_here']} here; all ranks: trained "
+           f"{c['trained']} of the {seen} samples read in {c['steps']} steps")
+    if c["skipped"]:
+        msg += f", skipped (over the capacity) {c['skipped']}: ids {c['skipped_ids'][:10]}"
+    if c["unplanned"]:
+        msg += (f", unplanned {c['unplanned']} (too few left at the end to give every rank "
+                f"one): ids {c['unplanned_ids'][:10]} (stats['unplanned_ids'] lists them)")
+    log.log(logging.WARNING if lost else logging.INFO, msg)
 
 
 def check_state(state) -> None:
