@@ -10,7 +10,11 @@ microbatch's sample list, ``dispatch_batches`` iterates rank 0's loader and slic
 :func:`prepare_loader` is the replacement: the same ``DataLoaderShard`` (batches moved to
 ``accelerator.device``, registered with the accelerator for ``save_state``) built with one
 process, so nothing is skipped. :func:`check_not_resharded` refuses a loader that was prepared
-the plain way.
+the plain way, and iterating such a loader is refused at each rank's second microbatch (each
+DataLoader worker's second): ``PackedDataset`` sees the stride in the microbatch positions it is
+handed (:func:`balancer.loader.refs.check_handed_in_order`), on every rank, before the first
+step's gradient sync could hang (accelerate's loader reads one batch ahead: without workers
+the loop never sees a batch).
 
 The sampler's epoch wins over the prepared loader's pass counter (accelerate calls
 ``set_epoch(iteration)`` at every pass): ``sampler.set_epoch(e)`` and

@@ -44,7 +44,7 @@ import torch
 from . import cp_shard
 from .columns import (IGNORE, LossTokens, block_targets, check_length, labels_row, mask_row,
                       token_row, trained_targets)
-from .refs import MicrobatchRef, Ref
+from .refs import MicrobatchRef, Ref, check_handed_in_order
 from ..cost.model import CostModel
 
 
@@ -226,6 +226,8 @@ class PackedDataset(torch.utils.data.Dataset):
         return trained_targets(self._trained(sample, raw)[start:start + length])
 
     def __getitems__(self, ref) -> FetchedMicrobatch:
+        if isinstance(ref, Ref):
+            check_handed_in_order(ref)  # a wrapper handing this process every n-th: refused
         ids = list(ref)
         read = self._read(ids, self._columns)
         rows = read[0]

@@ -45,6 +45,8 @@ from __future__ import annotations
 import weakref
 from typing import Callable, Optional
 
+from .refs import next_pass
+
 
 def epoch_number(epoch, what: str) -> int:
     """``epoch`` as an int >= 0 (an integral float counts); anything else is an error, never
@@ -227,6 +229,7 @@ class Pass:
         c._asked = c._restored = None
         c._pass_id += 1
         self._id = c._pass_id
+        self._number = next_pass()
         c.ahead = c.stateful = c.drained = False
         c._permit = None
         cref, pid = weakref.ref(c), self._id
@@ -257,6 +260,7 @@ class Pass:
         pos = self._pos
         ref = self._ref(pos)
         ref._left = self._on_leave
+        ref._pass = self._number  # PackedDataset checks it is fetched in order (refs.py)
         self._pos = pos + 1
         c.position = pos + 1  # state() now means "this one was handed out"
         return ref

@@ -9,16 +9,64 @@ silently (the collators read the fields themselves, not names with ``getattr`` d
 A ref records when it leaves the process (pickled to a DataLoader worker): its sampler then
 knows a worker reads ahead of the training loop (:mod:`balancer.loader.cursor`). Copies made
 with :mod:`copy` do not count as leaving.
+
+A ref also carries the pass of its sampler it was handed out by (a process-unique number,
+pickled with it), so the process that fetches it (:func:`check_handed_in_order`, called by
+``PackedDataset``) can tell when something between the sampler and the DataLoader hands it only
+some of its sampler's refs -- ``accelerator.prepare(loader)`` does (accelerate's
+``BatchSamplerShard`` gives process p every n-th batch of a sampler that is already per rank).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Optional
 
+_PASSES = itertools.count(1)  # pass numbers of this process's samplers
+_LAST: dict = {}  # pass number -> position of the last ref of that pass fetched here
+_KEEP = 16  # passes remembered per process (a train and an eval loader interleave)
 
-def _rebuild(cls, samples, fields):
+
+def next_pass() -> int:
+    """A number for a new pass of a sampler, unique in this process."""
+    return next(_PASSES)
+
+
+def check_handed_in_order(ref) -> None:
+    """Raise ValueError when ``ref`` is not the next ref of its pass this process should fetch:
+    a DataLoader's process fetches every ref of a pass in order (in the main process), or every
+    ``num_workers``-th (in a worker: the loader deals batches round-robin). A skipped prefix
+    (accelerate's ``skip_first_batches``, a resume) is fine; a stride is not: a wrapper hands
+    this process every n-th microbatch of a per-rank sampler (``accelerator.prepare``)."""
+    pass_id = getattr(ref, "_pass", None)
+    position = getattr(ref, "position", None)
+    if pass_id is None or position is None:
+        return
+    from torch.utils.data import get_worker_info
+    info = get_worker_info()
+    stride = 1 if info is None else int(info.num_workers)
+    last = _LAST.pop(pass_id, None)
+    _LAST[pass_id] = int(position)
+    while len(_LAST) > _KEEP:
+        del _LAST[next(iter(_LAST))]
+    if last is None or int(position) == last + stride:
+        return
+    where = "this process" if info is None else f"DataLoader worker {info.id} of {stride}"
+    raise ValueError(
+        f"{where} was handed microbatch {position} of epoch {ref.epoch} right after microbatch "
+        f"{last} (expected {last + stride}): something between the batch sampler and the "
+        f"DataLoader hands it only some of this rank's microbatches. accelerator.prepare(loader) "
+        f"does that on n > 1 processes (accelerate's BatchSamplerShard gives process p every "
+        f"n-th batch, but the packed sampler already yields only this rank's microbatches: the "
+        f"others would never be trained and DDP would hang at the step's gradient sync). "
+        f"Prepare the plain DataLoader with balancer.integrations.accelerate.prepare_loader("
+        f"accelerator, loader) instead (the HF Trainer integration does so itself)")
+
+
+def _rebuild(cls, samples, fields, pass_id=None):
     ref = cls.__new__(cls)
     list.__init__(ref, samples)
     ref._left = None
+    ref._pass = pass_id
     for k, v in fields.items():
         object.__setattr__(ref, k, v)
     return ref
@@ -29,7 +77,7 @@ class Ref(list):
     typed slots with defaults, pickling that reports leaving the process,
     :meth:`replace` and :meth:`batch_meta`."""
 
-    __slots__ = ("_left",)
+    __slots__ = ("_left", "_pass")
     #: field -> default (None: not known for this ref)
     FIELDS: dict = {}
     #: the fields a collator copies into the batch as they are (when not None)
@@ -42,6 +90,7 @@ class Ref(list):
             raise TypeError(f"{type(self).__name__} has no field {', '.join(unknown)} (its "
                             f"fields: {', '.join(self.FIELDS)})")
         self._left: Optional[Callable[[], None]] = None
+        self._pass: Optional[int] = None  # the sampler pass that handed it out
         for k, default in self.FIELDS.items():
             object.__setattr__(self, k, fields.get(k, default))
 
@@ -61,7 +110,7 @@ class Ref(list):
         left = self._left
         if left is not None:  # pickled: on its way to a worker process
             left()
-        return _rebuild, (type(self), list(self), self.fields())
+        return _rebuild, (type(self), list(self), self.fields(), self._pass)
 
     def __copy__(self):
         return _rebuild(type(self), list(self), self.fields())
@@ -122,4 +171,4 @@ class HybridRef(Ref):
                 f"{self.group_offset}+{self.group_size}, samples={list.__repr__(self)})")
 
 
-__all__ = ["HybridRef", "MicrobatchRef", "Ref"]
+__all__ = ["HybridRef", "MicrobatchRef", "Ref", "check_handed_in_order", "next_pass"]

@@ -95,3 +95,55 @@ def test_documented_loop_exact_gradient(accumulate):
             break
     d = max_grad_diff(grads, ref)
     assert d <= 1e-10, d
+
+
+def _plain(sampler, ds, workers, **kw):
+    return torch.utils.data.DataLoader(PackedDataset(ds), batch_sampler=sampler,
+                                       collate_fn=PackedCollator(), num_workers=workers, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("process_index", [0, 1])
+def test_plain_prepare_is_refused_early(workers, process_index):
+    """``accelerator.prepare(loader)`` on 2 processes wraps the packed sampler in accelerate's
+    BatchSamplerShard, which hands process p every 2nd microbatch (half of this rank's own
+    microbatches lost, DDP hangs at the step's gradient sync). The loader refuses it at this
+    process's second microbatch (each worker's second, with workers), naming the fix; it used
+    to train half the microbatches silently."""
+    from accelerate.data_loader import prepare_data_loader
+    samples, cost, layout, config, ds = _setup()
+    sampler = PackedBatchSampler(samples, cost, layout, config)
+    dl = prepare_data_loader(_plain(sampler, ds, workers), num_processes=2,
+                             process_index=process_index, put_on_device=False)
+    got = []
+    with pytest.raises(ValueError, match=r"prepare_loader\(accelerator, loader\)"):
+        for b in dl:
+            got.append(int(b["position"]))
+    assert got == ([] if workers == 0 else [process_index])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipped_prefix_and_resume_are_not_refused(workers):
+    """What the refusal must not catch: accelerate's skip_first_batches (the HF Trainer's resume,
+    a skipped prefix), and a StatefulDataLoader restored mid-epoch with workers."""
+    from accelerate import Accelerator
+    from accelerate.data_loader import skip_first_batches
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    samples, cost, layout, config, ds = _setup()
+    acc = Accelerator(cpu=True)
+    sampler = PackedBatchSampler(samples, cost, layout, config)
+    dl = prepare_loader(acc, _plain(sampler, ds, workers))
+    assert _keys(skip_first_batches(dl, 3)) == [(0, p) for p in range(3, len(sampler))]
+
+    def stateful():
+        return StatefulDataLoader(PackedDataset(ds), collate_fn=PackedCollator(),
+                                  batch_sampler=PackedBatchSampler(samples, cost, layout, config),
+                                  num_workers=workers)
+    first = stateful()
+    it = iter(first)
+    head = [int(next(it)["position"]) for _ in range(5)]
+    state = first.state_dict()
+    again = stateful()
+    again.load_state_dict(state)
+    assert head == list(range(5))
+    assert [int(b["position"]) for b in again] == list(range(5, len(sampler)))
