@@ -3,7 +3,7 @@ corpus sizes (issue 31 item 2): the growth per sample is what a bigger corpus co
 process. Shards of wikipedia-like lengths are written block by block (the generator never holds
 the corpus), then precompute runs in a fresh process (or ``--ranks`` torchrun ranks) and its
 peak RSS (ru_maxrss: anonymous and file-backed pages mapped, so a memory map's touched pages
-count; for torchrun the largest rank) is read. ``--order blocks`` (the default here) plans with
+count; under torchrun each rank's own, the largest reported) is read. ``--order blocks`` (the default here) plans with
 ``PlannerConfig.order='blocks'``, the order computed per window, and the lengths read on demand;
 ``--order permutation`` is the default order of plans (one permutation held per process).
 The kernels are compiled into numba's disk cache first (not measured). The plan written is
@@ -52,13 +52,15 @@ def run(d: str, out: str, window: int, ranks: int, order: str = "blocks") -> dic
         p = subprocess.run([sys.executable, "-c", RUN, *flags], capture_output=True, text=True,
                            env=env)
         peak = int([x for x in p.stderr.splitlines() if x.startswith("MAXRSS_KB")][-1].split()[1])
-    else:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    else:  # every rank runs the same wrapper and reports its own peak; the largest counts
+        script = os.path.join(os.path.dirname(out), "bench_scale_rank.py")
+        with open(script, "w") as f:
+            f.write(RUN)
         p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            "--nproc-per-node", str(ranks), "-m", "balancer", *flags],
+                            "--nproc-per-node", str(ranks), script, *flags],
                            capture_output=True, text=True, env=env)
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        peak = peak if peak > before else -1  # a smaller peak than an earlier child: unknown
+        peaks = [int(x.split()[-1]) for x in p.stderr.splitlines() if "MAXRSS_KB" in x]
+        peak = max(peaks) if len(peaks) == ranks else -1
     if p.returncode != 0:
         raise SystemExit(p.stderr[-3000:])
     return {"seconds": time.perf_counter() - t0, "peak_rss_bytes": peak * 1024}
