@@ -67,6 +67,16 @@ def test_hf_trainer_accelerate_launch_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+def test_hf_trainer_resume_one_process(tmp_path):
+    """The resume variant (issue 29): a checkpoint at optimizer step 3 of 8 (mid-epoch), the
+    run stopped there and a fresh Trainer resumed from it; every token once over both runs."""
+    need("transformers")
+    r = _run(tmp_path, EXAMPLES / "hf_trainer.py", "--resume")
+    assert r["resumed"] and 0 < r["checkpoint_at_step"] < r["optimizer_steps"]
+    assert r["optimizer_steps"] == r["planned_steps_per_epoch"]
+
+
+@pytest.mark.slow
 def test_trl_sft(tmp_path):
     need("trl")
     r = _run(tmp_path, EXAMPLES / "trl_sft.py")
