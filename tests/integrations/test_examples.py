@@ -81,6 +81,8 @@ def test_trl_sft(tmp_path):
     need("trl")
     r = _run(tmp_path, EXAMPLES / "trl_sft.py")
     assert r["optimizer_steps"] > 0
+    r = _run(tmp_path, EXAMPLES / "trl_sft.py", "--resume")  # checkpoint mid-epoch, resume
+    assert r["resumed"] and 0 < r["checkpoint_at_step"] < r["optimizer_steps"]
 
 
 @pytest.mark.slow
