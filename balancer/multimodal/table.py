@@ -260,7 +260,14 @@ class MultimodalTable:
         """From per-kind CSR pairs ``(offsets int64[n + 1], grids int64[k, 3])``; a kind that
         is ``None`` has no items. Grids come from :class:`VisionRule` / :class:`AudioRule`."""
         rules = rules or MediaRules()
-        text = np.ascontiguousarray(np.asarray(text), dtype=np.int64)
+        raw = np.asarray(text)
+        if raw.dtype.kind == "f":  # a fraction or NaN was truncated / wrapped before
+            with np.errstate(invalid="ignore"):
+                bad = np.flatnonzero(~np.isfinite(raw) | (raw != np.floor(raw)))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"sample {i}: text length {raw[i].item()!r} is not an integer")
+        text = np.ascontiguousarray(raw, dtype=np.int64)
         n = text.shape[0]
         parts = []
         for kind, csr in ((IMAGE, images), (VIDEO, videos), (AUDIO, audios)):

@@ -171,3 +171,13 @@ def test_from_dataset_refuses_unknown_media_columns():
     assert MultimodalTable.from_dataset(
         datasets.Dataset.from_dict({"text_length": [3, 4]})).n_media == 0
     assert MultimodalTable.from_dataset(typo, image_size_column=None).n_media == 0
+
+
+def test_text_lengths_that_are_not_integers_are_refused():
+    """build([3, 2.5]) trained 2 text tokens and NaN was reported as a length of -2**63: each
+    is one ValueError naming the sample and the value."""
+    for bad, shown in ((2.5, "2.5"), (float("nan"), "nan"), (float("inf"), "inf")):
+        with pytest.raises(ValueError, match=rf"^sample 1: text length {shown} is not an "
+                                             rf"integer"):
+            MultimodalTable.build([3, bad])
+    assert MultimodalTable.build([3, 2.0]).text.tolist() == [3, 2]
