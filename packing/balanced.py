@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
-from .balanced_pool import _compact_pool, _grow, _grow_pool, _is_lump, _pool_add
-from .balanced_step import _bin_positions, _emit_step, _fill_empty_bins, _new_scratch
+from .balanced_pool import _compact_pool, _grow, _grow_pool, _pool_add
+from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
+                            _with_fresh)
 from .delay import _schedule_lumps
 from .steppack import _pack_step, _priority_order
 
@@ -95,7 +96,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
             if pos < n and lookahead:
                 while look < n and look_cum - pos_cum < (max_delay + max_advance) * budget:
-                    if _is_lump(look, sizes, costs, cpt, thr):
+                    if (costs[look] - sizes[look] * cpt > thr):
                         fut = _grow(fut, nf + 1)
                         fut_cum = _grow(fut_cum, nf + 1)
                         fut[nf] = look
@@ -209,20 +210,12 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     # per-item loop made this loop ten times slower
                     lim = np_ + _CHUNK
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
-                    while pos < n and got < need and np_ < lim:
-                        if max_advance > 0 and taken[pos]:
-                            pos += 1
-                            continue
-                        lump = _is_lump(pos, sizes, costs, cpt, thr)
-                        # ``now`` of a new lump is set by the next round's schedule before any
-                        # read
-                        nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
-                        if not lump:
-                            got += w[pos]
-                            pos_cum += w[pos]
-                            fluid_w += w[pos]
-                        np_ += 1
-                        pos += 1
+                    # ``now`` of a new lump is set by the next round's schedule before any read
+                    pos, np_, nls, g = _read_until(sizes, costs, w, taken, cpt, thr, pos, need - got,
+                                                   np_, lim, nls, step, pool, parr, now, ls)
+                    got += g
+                    pos_cum += g
+                    fluid_w += g
                 continue
             if emit_w > budget and np_ > n_old:
                 # give back the end of this step's intake that overfills it
@@ -237,7 +230,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 cut = np_
                 for k in range(n_old, np_):
                     i = pool[k]
-                    if now[k] or not _is_lump(i, sizes, costs, cpt, thr):
+                    if now[k] or not (costs[i] - sizes[i] * cpt > thr):
                         acc += w[i]
                     if acc >= budget:
                         cut = k + 1
@@ -247,7 +240,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                         f0 -= 1
                     for k in range(cut, np_):
                         i = pool[k]
-                        if not _is_lump(i, sizes, costs, cpt, thr):
+                        if not (costs[i] - sizes[i] * cpt > thr):
                             pos_cum -= w[i]
                             fluid_w -= w[i]
                     while nls > 0 and ls[nls - 1] >= cut:
@@ -271,10 +264,12 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         # ---- at least one candidate per microbatch: a step whose budget holds fewer (heavy
         # lumps, or a small budget) reads on, past the budget, lumps read so going now
         if pos < n:
-            nc = 0
-            for k in range(np_):
-                if (not _is_lump(pool[k], sizes, costs, cpt, thr) or now[k]
-                        or step - parr[k] >= max_delay):
+            # every light item is a candidate, a lump one when it goes now or is due (``ls``
+            # holds exactly the pool's lumps: one pass over them, not over the pool)
+            nc = np_ - nls
+            for q in range(nls):
+                k = ls[q]
+                if now[k] or step - parr[k] >= max_delay:
                     nc += 1
             while pos < n and nc < n_bins:
                 if max_advance > 0 and taken[pos]:
@@ -282,7 +277,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     continue
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
-                lump = _is_lump(pos, sizes, costs, cpt, thr)
+                lump = (costs[pos] - sizes[pos] * cpt > thr)
                 nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, True, lump)
                 if not lump:
                     pos_cum += w[pos]
@@ -294,45 +289,56 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         # microbatches: its budget counted them, so no light item was read to fill in) reads
         # fresh items of the holes' weight and is packed again, once
         tail_break = False
+        n1 = np_  # pool slots from here on were read by the top-up
         for rnd in range(2):
-            # ---- candidates in priority order: deadline, scheduled lumps, old light, fresh light
-            nc = 0
-            cls = np.empty(np_, dtype=np.int64)
-            ck = np.empty(np_, dtype=np.int64)
-            for k in range(np_):
-                i = pool[k]
-                lump = _is_lump(i, sizes, costs, cpt, thr)
-                d = step - parr[k]
-                if d >= max_delay:
-                    c = 0
-                elif lump:
-                    if not now[k]:
-                        continue
-                    c = 1
-                elif d > 0:
-                    c = 2
-                else:
-                    c = 3
-                cls[nc] = c
-                ck[nc] = k
-                nc += 1
-            if pos >= n and rnd == 0:
-                # the stream is read: what is left goes to the tail (``stream._finish_tail``, only
-                # the microbatches it needs) when too few items or tokens remain for a full step
-                ctok = 0
+            if rnd == 0:
+                # ---- candidates in priority order: deadline, scheduled lumps, old light,
+                # fresh light
+                nc = 0
+                cls = np.empty(np_, dtype=np.int64)
+                ck = np.empty(np_, dtype=np.int64)
+                for k in range(np_):
+                    i = pool[k]
+                    lump = (costs[i] - sizes[i] * cpt > thr)
+                    d = step - parr[k]
+                    if d >= max_delay:
+                        c = 0
+                    elif lump:
+                        if not now[k]:
+                            continue
+                        c = 1
+                    elif d > 0:
+                        c = 2
+                    else:
+                        c = 3
+                    cls[nc] = c
+                    ck[nc] = k
+                    nc += 1
+                if pos >= n:
+                    # the stream is read: what is left goes to the tail
+                    # (``stream._finish_tail``, only the microbatches it needs) when too few
+                    # items or tokens remain for a full step
+                    ctok = 0
+                    for t in range(nc):
+                        ctok += sizes[pool[ck[t]]]
+                    if nc < n_bins or ctok <= dp * (m - 1) * capacity:
+                        tail_break = True
+                        break
+                ccost = np.empty(nc)
                 for t in range(nc):
-                    ctok += sizes[pool[ck[t]]]
-                if nc < n_bins or ctok <= dp * (m - 1) * capacity:
-                    tail_break = True
-                    break
-            ccost = np.empty(nc)
-            for t in range(nc):
-                ccost[t] = costs[pool[ck[t]]]
-            o1 = np.empty(nc, dtype=np.int64)
-            _priority_order(cls[:nc], ccost, o1)
-            order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
-            for t in range(nc):
-                order[t] = ck[o1[t]]
+                    ccost[t] = costs[pool[ck[t]]]
+                o1 = np.empty(nc, dtype=np.int64)
+                _priority_order(cls[:nc], ccost, o1)
+                order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
+                ocls = np.empty(nc, dtype=np.int64)
+                for t in range(nc):
+                    order[t] = ck[o1[t]]
+                    ocls[t] = cls[o1[t]]
+            else:
+                # the top-up adds fresh light items only (its lumps do not go now): merged
+                # into the first round's order, not sorted again
+                order, ocls = _with_fresh(order, ocls, pool, n1, np_, sizes, costs, cpt, thr)
+                nc = order.shape[0]
             items = np.empty(nc, dtype=np.int64)
             for t in range(nc):
                 items[t] = pool[order[t]]
@@ -350,6 +356,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 hole -= bin_tokens[b]
             if hole * 400 <= n_bins * capacity:
                 break
+            n1 = np_
             got = 0
             while pos < n and got < hole:
                 if max_advance > 0 and taken[pos]:
@@ -357,7 +364,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     continue
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
-                lump = _is_lump(pos, sizes, costs, cpt, thr)
+                lump = (costs[pos] - sizes[pos] * cpt > thr)
                 nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
                 if not lump:
                     got += w[pos]
@@ -380,3 +387,30 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         step += 1
         np_, nls, fluid_w = _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr)
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()
+
+
+@kernel
+def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step, pool, parr,
+                now, ls):
+    """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room)
+    until their light weight reaches ``need``, skipping items ``taken`` (read ahead; empty
+    array: none); arrival ``step``, not going now. Returns (pos, np_, nls, light weight read)."""
+    n = sizes.shape[0]
+    got = 0
+    adv = taken.shape[0] > 0
+    while pos < n and got < need and np_ < lim:
+        if adv and taken[pos]:
+            pos += 1
+            continue
+        lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
+        pool[np_] = pos
+        parr[np_] = step
+        now[np_] = False
+        if lump:
+            ls[nls] = np_
+            nls += 1
+        else:
+            got += w[pos]
+        np_ += 1
+        pos += 1
+    return pos, np_, nls, got

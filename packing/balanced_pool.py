@@ -21,11 +21,6 @@ def _grow(a, need):
 
 
 @kernel
-def _is_lump(i, sizes, costs, cpt, thr):
-    return costs[i] - sizes[i] * cpt > thr
-
-
-@kernel
 def _grow_pool(pool, parr, now, ls, need, need_ls):
     """The pool arrays with room for ``need`` items, ``ls`` for ``need_ls`` lump slots
     (doubled until they fit)."""
@@ -58,7 +53,7 @@ def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr):
             i = pool[k]
             pool[j] = i
             parr[j] = parr[k]
-            if _is_lump(i, sizes, costs, cpt, thr):
+            if (costs[i] - sizes[i] * cpt > thr):
                 ls[nls] = j
                 nls += 1
             else:

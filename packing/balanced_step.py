@@ -12,6 +12,7 @@ import numpy as np
 from ._jit import kernel
 from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 from .pipeline import _pipeline_order
+from .steppack import _priority_order
 
 
 class StepScratch(NamedTuple):
@@ -133,3 +134,52 @@ def _emit_step(items, order, bin_of, parr, step, bin_pos, entry_item, entry_dela
             start[p] += 1
             placed[order[t]] = True
     return start[n_bins - 1] if n_bins > 0 else 0
+
+
+@kernel
+def _with_fresh(order, ocls, pool, lo, hi, sizes, costs, cpt, thr):
+    """A step's candidates in priority order after its top-up: ``order`` (pool slots) and
+    ``ocls`` (their classes, int64) of the first round with the light items of pool slots
+    ``lo..hi-1`` (class 3: fresh, read after every old slot) merged in. The same order as
+    :func:`packing.steppack._priority_order` of the whole set (class ascending, cost descending,
+    pool order on ties: an old item before a fresh one of equal cost), at the cost of sorting
+    the fresh items only. Returns (order, classes)."""
+    nf = 0
+    for k in range(lo, hi):
+        if not (costs[pool[k]] - sizes[pool[k]] * cpt > thr):
+            nf += 1
+    fk = np.empty(nf, dtype=np.int64)
+    fc = np.empty(nf)
+    fcls = np.full(nf, 3, dtype=np.int64)
+    j = 0
+    for k in range(lo, hi):
+        if not (costs[pool[k]] - sizes[pool[k]] * cpt > thr):
+            fk[j] = k
+            fc[j] = costs[pool[k]]
+            j += 1
+    of = np.empty(nf, dtype=np.int64)
+    _priority_order(fcls, fc, of)
+    n0 = order.shape[0]
+    out = np.empty(n0 + nf, dtype=np.int64)
+    out_cls = np.empty(n0 + nf, dtype=np.int64)
+    i = 0
+    j = 0
+    for t in range(n0 + nf):
+        take_fresh = j < nf
+        if take_fresh and i < n0 and ocls[i] < 3:
+            take_fresh = False
+        if take_fresh and i < n0:
+            # the radix sort's key: the complement of the cost's bits, ascending; an old item
+            # goes first on equal keys
+            ko = ~np.float64(costs[pool[order[i]]]).view(np.uint64)
+            kf = ~np.float64(fc[of[j]]).view(np.uint64)
+            take_fresh = kf < ko
+        if take_fresh:
+            out[t] = fk[of[j]]
+            out_cls[t] = 3
+            j += 1
+        else:
+            out[t] = order[i]
+            out_cls[t] = ocls[i]
+            i += 1
+    return out, out_cls

@@ -8,9 +8,10 @@ from ._jit import kernel
 
 @kernel
 def _count_pieces(lengths, max_piece):
-    total = 0
+    total = lengths.shape[0]
     for i in range(lengths.shape[0]):
-        total += (lengths[i] + max_piece - 1) // max_piece
+        if lengths[i] > max_piece:  # rare: no division for the others
+            total += (lengths[i] - 1) // max_piece
     return total
 
 
@@ -19,6 +20,12 @@ def _expand(ids, lengths, max_piece, sample, start, length):
     k = 0
     for i in range(ids.shape[0]):
         L = lengths[i]
+        if L <= max_piece:  # one piece, the common case
+            sample[k] = ids[i]
+            start[k] = 0
+            length[k] = L
+            k += 1
+            continue
         s = 0
         while True:
             piece = L - s if L - s < max_piece else max_piece

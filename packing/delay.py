@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
+from .steppack import _priority_order
 
 
 @kernel
@@ -30,13 +31,26 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
     within ``0..horizon-1``). Fills ``out_t`` (int64[K]) with the chosen relative step, or -1 when
     no step in the window has room."""
     k_total = exc.shape[0]
-    order = np.argsort(-exc, kind="mergesort")
+    positive = True
+    for q in range(k_total):
+        if not exc[q] > 0.0:
+            positive = False
+            break
+    if positive:  # lumps' excess is: the linear-time sort (the same stable order)
+        order = np.empty(k_total, dtype=np.int64)
+        _priority_order(np.zeros(k_total, dtype=np.int64), exc, order)
+    else:
+        order = np.argsort(-exc, kind="mergesort")
     ex = np.zeros((horizon, n_units))
     tk = np.zeros((horizon, n_units), dtype=np.int64)
     used = np.zeros(horizon, dtype=np.int64)  # slots holding a lump (filled left to right)
     level = np.zeros(horizon)
     total = np.zeros(horizon)
     kmin = np.zeros(horizon, dtype=np.int64)  # least loaded slot once every slot is used
+    # each step's imbalance as it stands, kept up to date (one division per evaluation, not two)
+    imb = np.empty(horizon)
+    for t in range(horizon):
+        imb[t] = _imbalance(tc, 0.0, 0.0, n_units)
     # lumps feasible at each step, heaviest first (CSR), with prefix sums of their excess
     f_off = np.zeros(horizon + 1, dtype=np.int64)
     for q in range(k_total):
@@ -90,8 +104,8 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
                     continue
                 ne = ex[t, k] + e
                 nl = level[t] if level[t] > ne else ne
-                val = (_imbalance(tc, nl, total[t] + e, n_units)
-                       - _imbalance(tc, level[t], total[t], n_units) + delay_penalty * t)
+                val = (_imbalance(tc, nl, total[t] + e, n_units) - imb[t]
+                       + delay_penalty * t)
             if val < best:
                 best = val
                 bt = t
@@ -105,6 +119,7 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
             total[bt] += e
             if ex[bt, bk] > level[bt]:
                 level[bt] = ex[bt, bk]
+            imb[bt] = _imbalance(tc, level[bt], total[bt], n_units)
             if used[bt] == n_units and (bk == kmin[bt] or used[bt] - 1 == bk):
                 # keep the least loaded slot of a full step at hand: one scan per placement
                 # instead of one per evaluation

@@ -17,16 +17,6 @@ from ._jit import kernel
 
 
 @kernel
-def _pull_up(tmin, tmax, node):
-    while node >= 1:
-        l = 2 * node
-        r = l + 1
-        tmin[node] = tmin[l] if tmin[l] <= tmin[r] else tmin[r]
-        tmax[node] = tmax[l] if tmax[l] >= tmax[r] else tmax[r]
-        node //= 2
-
-
-@kernel
 def _cheapest_unit(tmin, tmax, p, s, stack):
     """Unit of minimum cost (lowest index on ties) having a bin with room >= s, or -1.
     ``stack`` is scratch space (int64[>= 2 * depth + 2])."""
@@ -91,7 +81,17 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
     for k in range(order.shape[0]):
         i = order[k]
         s = sizes[i]
-        u = _cheapest_unit(tmin, tmax, p, s, stack)
+        # _cheapest_unit's fast path, inline (the common case: the cheapest unit has room)
+        u = -1
+        node = 1
+        while tmax[node] >= s:
+            if node >= p:
+                u = node - p
+                break
+            l = 2 * node
+            node = l if tmin[l] <= tmin[l + 1] else l + 1
+        if u < 0:
+            u = _cheapest_unit(tmin, tmax, p, s, stack)
         if u < 0:
             bin_of[k] = -1
             continue
@@ -122,9 +122,24 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
                 room = capacity - bin_tokens[base + j]
                 if room > mx:
                     mx = room
-        tmin[p + u] = unit_cost[u]
-        tmax[p + u] = mx
-        _pull_up(tmin, tmax, (p + u) // 2)
+        # the leaf's new values up to the root, carried in registers (each level reads only
+        # the sibling, not the node just written); an ancestor left unchanged stops it
+        cmin = unit_cost[u]
+        cmax = mx
+        node = p + u
+        tmin[node] = cmin
+        tmax[node] = cmax
+        while node > 1:
+            sib = node ^ 1
+            if tmin[sib] < cmin:
+                cmin = tmin[sib]
+            if tmax[sib] > cmax:
+                cmax = tmax[sib]
+            node >>= 1
+            if tmin[node] == cmin and tmax[node] == cmax:
+                break
+            tmin[node] = cmin
+            tmax[node] = cmax
         placed += 1
     return placed
 
@@ -149,21 +164,25 @@ def pack_step(order, sizes, costs, n_units: int, bins_per_unit: int, capacity: i
 @kernel
 def _priority_order(cls, cost, out):
     """Stable order by class ascending, then cost descending (ties keep input order): LSD radix
-    sort on the IEEE bits of the non-negative costs (four 16-bit passes), then a counting sort
-    on the class. O(n), where a comparison sort per step was the planner's largest cost.
-    ``cls`` int64[n] in 0..3, ``cost`` float64[n] >= 0; fills ``out`` (int64[n])."""
+    sort on the high 32 of the IEEE bits of the non-negative costs (three 11-bit passes), runs
+    equal there put in order of the low 32 bits (rarely any work: costs of different lengths
+    differ in their high bits), then a counting sort on the class. O(n), where a comparison
+    sort per step was the planner's largest cost. ``cls`` int64[n] in 0..3, ``cost``
+    float64[n] >= 0; fills ``out`` (int64[n])."""
     n = cost.shape[0]
+    key = np.empty(n, dtype=np.uint64)
     ka = np.empty(n, dtype=np.uint64)
     kb = np.empty(n, dtype=np.uint64)
     for i in range(n):
         # descending cost = ascending complement of the (order-preserving) bit pattern
-        ka[i] = ~np.float64(cost[i]).view(np.uint64)
+        key[i] = ~np.float64(cost[i]).view(np.uint64)
+        ka[i] = key[i] >> np.uint64(32)
     a = np.empty(n, dtype=np.int64)
     b = np.empty(n, dtype=np.int64)
     for i in range(n):
         a[i] = i
     count = np.empty(2049, dtype=np.int64)
-    for shift in range(0, 64, 11):
+    for shift in range(0, 32, 11):
         sh = np.uint64(shift)
         count[:] = 0
         for i in range(n):
@@ -180,6 +199,22 @@ def _priority_order(cls, cost, out):
             count[d] = p + 1
         a, b = b, a
         ka, kb = kb, ka
+    # runs of equal high bits (in input order: the sort is stable) by their full key: a stable
+    # insertion sort, which does nothing on a run already in order (equal costs)
+    lo = 0
+    while lo < n:
+        hi = lo + 1
+        while hi < n and ka[hi] == ka[lo]:
+            hi += 1
+        for t in range(lo + 1, hi):
+            j = a[t]
+            kj = key[j]
+            q = t
+            while q > lo and key[a[q - 1]] > kj:
+                a[q] = a[q - 1]
+                q -= 1
+            a[q] = j
+        lo = hi
     c4 = np.zeros(5, dtype=np.int64)
     for i in range(n):
         c4[cls[i] + 1] += 1

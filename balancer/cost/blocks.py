@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from packing.segments import add_segment_sums
+
 from .model import CostModel
 
 _BLOCK = 1 << 20  # elements per block when a full-length temporary would cost memory
@@ -40,9 +42,12 @@ def microbatch_costs(cost: CostModel, entry_length: np.ndarray, mb_offsets: np.n
         hi = int(mb_offsets[min(j, n_mb)])
         hi = max(hi, int(mb_offsets[np.searchsorted(mb_offsets, lo, side="right")]))
         f, b = cost.doc_costs(entry_length[lo:hi])
-        mb_of = np.searchsorted(mb_offsets, np.arange(lo, hi), side="right") - 1
-        mb_f += np.bincount(mb_of, weights=f, minlength=n_mb)
-        mb_b += np.bincount(mb_of, weights=b, minlength=n_mb)
+        # the microbatches whose entries are [lo, hi): each summed in entry order from 0.0
+        # (the sums np.bincount gave, without a binary search per entry)
+        m0 = int(np.searchsorted(mb_offsets, lo, side="right")) - 1
+        m1 = int(np.searchsorted(mb_offsets, hi, side="left"))
+        add_segment_sums(f, mb_offsets[m0:m1 + 1], lo, mb_f[m0:m1])
+        add_segment_sums(b, mb_offsets[m0:m1 + 1], lo, mb_b[m0:m1])
         lo = hi
     cf, cb = cost.microbatch_constant
     return mb_f + cf, mb_b + cb

@@ -66,9 +66,10 @@ def build_plan(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
     e = sp.entry_item
     left = sp.leftover
     leftover = Items(items.sample[left], items.start[left], items.length[left])
-    entry_sample = items.sample[e]
-    entry_start = zeros_view(e.shape[0]) if items.start.strides == (0,) else items.start[e]
-    entry_length = items.length[e]
+    # np.take: the same arrays as fancy indexing, faster
+    entry_sample = np.take(items.sample, e)
+    entry_start = zeros_view(e.shape[0]) if items.start.strides == (0,) else np.take(items.start, e)
+    entry_length = np.take(items.length, e)
     stream.items = items = None
     del e
     mb_fwd, mb_bwd = microbatch_costs(cost, entry_length, sp.mb_offsets)

@@ -43,7 +43,7 @@ def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:
     """``lengths[idx]`` (int64[k]) of an array, or of a length source read on demand (an
     object with ``shape`` and ``take(idx)``, such as :class:`balancer.shards.LengthFiles`)."""
     if isinstance(lengths, np.ndarray):
-        return lengths[idx]
+        return np.take(lengths, idx)  # the same array as lengths[idx], faster
     return lengths.take(idx)
 
 
