@@ -117,8 +117,10 @@ class StreamingPackedDataset(IterableDataset):
                              f"labels/mask {trained}, token_columns {list(token_columns)}")
         if uneven not in ("drain", "stop"):
             raise ValueError(f"uneven must be 'drain' or 'stop', got {uneven!r}")
-        if tokens_per_rank is not None and tokens_per_rank < 1:
-            raise ValueError(f"tokens_per_rank {tokens_per_rank} must be >= 1")
+        for name, v, low in (("tokens_per_rank", tokens_per_rank, 1), ("max_carry", max_carry, 0)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                                  or v < low):  # 1.5 was truncated, -1 pinned every sample
+                raise ValueError(f"{name} {v!r} must be an integer >= {low}")
         self.source, self.cost, self.layout = source, cost, layout
         self.config = config or PlannerConfig()
         self.group, self.tokens_column, self.id_column = group, tokens_column, id_column

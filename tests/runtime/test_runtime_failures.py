@@ -130,3 +130,17 @@ def test_rollout_ids_and_token_shapes_are_checked():
         balance_rollout([one, torch.ones((3, 2), dtype=torch.long)], cost, 16)
     r = balance_rollout([one, one], cost, 16, ids=np.array([4.0, 7.0]))  # integral: the ids
     assert sorted(i for b in r.microbatches for i in b["sample_ids"].tolist()) == [4, 7]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"tokens_per_rank": 1.5}, r"^tokens_per_rank 1\.5 must be an integer >= 1$"),
+    ({"tokens_per_rank": True}, r"^tokens_per_rank True must be an integer >= 1$"),
+    ({"max_carry": -1}, r"^max_carry -1 must be an integer >= 0$"),
+    ({"max_carry": 0.5}, r"^max_carry 0\.5 must be an integer >= 0$"),
+])
+def test_stream_sizes_that_are_not_whole_are_refused(kw, match):
+    """tokens_per_rank=1.5 and max_carry=-1 were taken (truncated, or pinning every sample
+    at once): refused at construction, naming the value."""
+    with pytest.raises(ValueError, match=match):
+        StreamingPackedDataset([{"input_ids": [1, 2]}], CostModel.quadratic(128),
+                               Layout(dp=1, microbatches=1, capacity=CAP), **kw)
