@@ -53,7 +53,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     pool = np.empty(1024, dtype=np.int64)
     parr = np.empty(1024, dtype=np.int64)
     now = np.zeros(1024, dtype=np.bool_)
-    np_ = 0
+    np_ = np.int64(0)  # typed: a literal start compiles callees for Literal[int]
     # look-ahead: lumps among [pos, look) and the fluid weight read so far
     fut = np.empty(256, dtype=np.int64)
     fut_cum = np.empty(256, dtype=np.int64)
@@ -61,9 +61,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     f0 = 0  # first look-ahead entry not yet read into the pool
     look = 0
     look_cum = 0  # fluid weight of [0, look)
-    pos = 0
+    pos = np.int64(0)
     pos_cum = 0   # fluid weight of [0, pos)
-    step = 0
+    step = np.int64(0)
     ne = 0
     nmb = 0
     # per-step scratch
@@ -87,7 +87,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     # pool slots holding lumps (ascending) and the weight of the light items in the pool, kept
     # up to date so each intake round touches the lumps only, not the whole pool
     ls = np.empty(256, dtype=np.int64)
-    nls = 0
+    nls = np.int64(0)
     fluid_w = 0
     while pos < n or np_ > 0:
         n_old = np_
