@@ -21,13 +21,19 @@ def tiny_llama(dtype=torch.float32, attn="sdpa", seed=0):
     return LlamaForCausalLM(cfg).to(dtype)
 
 
-def corpus(n=96, seed=0, max_len=160):
-    """``lengths`` int64[n] and a tokenized ``datasets.Dataset`` with an ``input_ids`` column."""
+def corpus(n=96, seed=0, max_len=160, completion_mask=False):
+    """``lengths`` int64[n] and a tokenized ``datasets.Dataset`` with an ``input_ids`` column;
+    with ``completion_mask`` also TRL's ``completion_mask`` (0 on a prompt of a third to a half
+    of each sample, 1 on its completion: SFT trains the completion only)."""
     import datasets
     rng = np.random.default_rng(seed)
     lengths = rng.integers(2, max_len, n)
     ids = [rng.integers(0, VOCAB, int(k)).tolist() for k in lengths]
-    return lengths, datasets.Dataset.from_dict({"input_ids": ids})
+    cols = {"input_ids": ids}
+    if completion_mask:
+        prompt = [int(rng.integers(k // 3, k // 2 + 1)) for k in lengths.tolist()]
+        cols["completion_mask"] = [[0] * p + [1] * (k - p) for p, k in zip(prompt, lengths.tolist())]
+    return lengths, datasets.Dataset.from_dict(cols)
 
 
 def pieces(batch_or_meta) -> list:

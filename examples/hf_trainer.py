@@ -11,6 +11,9 @@ launcher, and ``use_cpu=True`` below keeps it on the CPU with gloo.)
 One optimizer step = one planned global batch (gradient_accumulation_steps = the layout's
 microbatches), the loss = token sum / the plan's step_loss_tokens (``num_items_in_batch``), the
 loader prepared without accelerate's re-sharding (every rank trains all of its microbatches).
+The corpus is SFT data (a prompt, then a completion: TRL's ``completion_mask``):
+``loss_mask_column="completion_mask"`` trains the completions only, and the sampler counts
+their tokens (``loss_tokens=``), so ``num_items_in_batch`` is the step's trained tokens.
 With ``--resume`` the first run saves a checkpoint at optimizer step 3 (mid-epoch) and stops
 there; a fresh Trainer resumes it with ``train(resume_from_checkpoint=...)``: over both runs every
 token is trained exactly once and the optimizer steps add up to the plan's.
@@ -24,6 +27,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from balancer import CostModel, Layout, PackedBatchSampler, PlannerConfig, SampleTable
 from balancer.integrations.hf_trainer import PackedTrainerMixin
+from balancer.loader.collate import PackedDataset
 
 from _common import TESTED_WITH, check_exactly_once, corpus, pieces, report, tiny_llama
 
@@ -47,7 +51,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--resume", action="store_true", help="checkpoint at step 3, stop, resume")
     resume = ap.parse_args(argv).resume
-    lengths, dataset = corpus()
+    lengths, dataset = corpus(completion_mask=True)
+    counts = PackedDataset(dataset, loss_mask_column="completion_mask").loss_tokens()
     microbatches, stop = 2, 3
     out = tempfile.mkdtemp()
 
@@ -60,9 +65,11 @@ def main(argv=None):
         layout = Layout(dp=args.world_size, microbatches=microbatches, capacity=512)
         # epochs of different lengths are fine: the mixin tells the Trainer each epoch's steps
         sampler = PackedBatchSampler(SampleTable(lengths), CostModel.quadratic(4096), layout,
-                                     PlannerConfig(seed=0), dp_rank=args.process_index)
+                                     PlannerConfig(seed=0), dp_rank=args.process_index,
+                                     loss_tokens=counts)     # the step's trained tokens
         trainer = PackedTrainer(model=tiny_llama(), args=args, train_dataset=dataset,
                                 packed_sampler=sampler, keep_history=True,
+                                loss_mask_column="completion_mask",
                                 callbacks=list(callbacks))
         return args, sampler, trainer
 

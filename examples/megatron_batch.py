@@ -10,7 +10,9 @@ loss_mask, position_ids, cu_seqlens, cu_seqlens_padded, max_seqlen). Here: the b
 through megatron-core's own function and ``PackedSeqParams``; without Transformer Engine (CUDA
 only) the CP shard is cut with ``balancer.loader.cp_shard.shard_index``, which equals TE's partition;
 and a Megatron-style loss ``sum(loss * loss_mask) / step_loss_tokens`` over the padded batch of a
-tiny Llama (document-causal additive mask) equals every document run alone.
+tiny Llama (document-causal additive mask) equals every document run alone. The corpus is SFT
+data (a prompt, then a completion: TRL's ``completion_mask``): ``loss_mask`` is 0 on the prompts,
+and the sampler counts the completions' tokens (``loss_tokens=``) for ``step_loss_tokens``.
 Tested with torch 2.13.0 (CPU), megatron-core 0.16.1, transformers 5.24.0.
 """
 import numpy as np
@@ -32,11 +34,12 @@ CP = 2
 
 
 def main():
-    lengths, dataset = corpus(n=24, seed=3)
+    lengths, dataset = corpus(n=24, seed=3, completion_mask=True)
     layout = Layout(dp=1, cp=CP, microbatches=2, capacity=1024)
+    packed = PackedDataset(dataset, loss_mask_column="completion_mask")  # train completions only
     sampler = PackedBatchSampler(SampleTable(lengths), CostModel.quadratic(4096), layout,
-                                 PlannerConfig(seed=0))
-    loader = DataLoader(PackedDataset(dataset), batch_sampler=sampler, collate_fn=PaddedCollator())
+                                 PlannerConfig(seed=0), loss_tokens=packed.loss_tokens())
+    loader = DataLoader(packed, batch_sampler=sampler, collate_fn=PaddedCollator())
     full = next(iter(loader))                       # the whole microbatch, padded for CP = 2
     batch = megatron_batch(full)
     cu, cu_p, max_seqlen = (batch.pop(k) for k in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen"))
@@ -61,18 +64,23 @@ def main():
         logits = model(input_ids=batch["tokens"], position_ids=batch["position_ids"],
                        attention_mask=mask, use_cache=False).logits[0]
         per_token = torch.nn.functional.cross_entropy(logits, batch["labels"][0], reduction="none")
-        packed = float((per_token * batch["loss_mask"][0]).sum())
-        alone = 0.0
+        packed_loss = float((per_token * batch["loss_mask"][0]).sum())
+        alone, trained = 0.0, 0
         for s, a, n in zip(full["sample_ids"].tolist(), full["sample_starts"].tolist(),
                            np.diff(full["cu_seqlens"].numpy()).tolist()):
             ids = torch.as_tensor(dataset[s]["input_ids"][a:a + n])[None]
+            keep = torch.as_tensor(dataset[s]["completion_mask"][a:a + n])[1:] == 1
             lo = model(input_ids=ids, use_cache=False).logits[0]
-            alone += float(torch.nn.functional.cross_entropy(lo[:-1], ids[0, 1:], reduction="sum"))
-    diff = abs(packed - alone) / full["step_loss_tokens"]
+            ce = torch.nn.functional.cross_entropy(lo[:-1], ids[0, 1:], reduction="none")
+            alone += float(ce[keep].sum())
+            trained += int(keep.sum())
+    assert int(batch["loss_mask"].sum()) == trained == full["microbatch_loss_tokens"]
+    diff = abs(packed_loss - alone) / full["step_loss_tokens"]
     assert diff <= 1e-10, diff
     report(example="megatron_batch", cp=CP, documents=len(full["sample_ids"]),
            padded_tokens=int(full["cu_seqlens_padded"][-1]),
-           real_tokens=int(full["cu_seqlens"][-1]), loss_diff_vs_unpacked=diff,
+           real_tokens=int(full["cu_seqlens"][-1]), trained_tokens=trained,
+           loss_diff_vs_unpacked=diff,
            transformer_engine=getattr(mcore_utils, "tex", None) is not None,
            tested_with=TESTED_WITH)
 

@@ -5,8 +5,12 @@ the data position (CPU, tiny random-init Llama; DDP on gloo under torchrun):
     torchrun --standalone --nproc-per-node 2 examples/torchtitan_loop.py
 
 Per step: this rank's planned microbatches, ``no_sync`` on all but the last, the loss = token sum
-/ the whole step's labelled tokens over every rank (``step_loss_tokens``, from the plan: no
-collective), times the DP size because DDP averages gradients. The script trains 2 epochs once
+/ the whole step's trained tokens over every rank (``step_loss_tokens``, from the plan: no
+collective), times the DP size because DDP averages gradients. The corpus is SFT data: a
+prompt then a completion (TRL's ``completion_mask``); ``PackedDataset(loss_mask_column=)``
+makes ``labels`` -100 on the prompts, and the sampler's ``loss_tokens=`` counts the completion
+tokens only, so the loss is the completion-token mean of the step. The loop is the same as for
+pretraining data. The script trains 2 epochs once
 straight through, then again stopping mid-epoch 1 with a checkpoint (model, optimizer and
 ``sampler.state_dict(after=batch)``), and resumes from it in fresh objects: the final weights are
 bit-identical and every token is trained exactly once per epoch.
@@ -31,9 +35,11 @@ EPOCHS = 2
 
 def build(lengths, dataset, world, rank):
     layout = Layout(dp=world, microbatches=2, capacity=512)
+    packed = PackedDataset(dataset, loss_mask_column="completion_mask")
     sampler = PackedBatchSampler(SampleTable(lengths), CostModel.quadratic(4096), layout,
-                                 PlannerConfig(seed=0), dp_rank=rank)
-    loader = DataLoader(PackedDataset(dataset), batch_sampler=sampler, collate_fn=PackedCollator())
+                                 PlannerConfig(seed=0), dp_rank=rank,
+                                 loss_tokens=packed.loss_tokens())  # trained tokens per step
+    loader = DataLoader(packed, batch_sampler=sampler, collate_fn=PackedCollator())
     model = tiny_llama()
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -74,7 +80,7 @@ def main():
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(0)
-    lengths, dataset = corpus(seed=2)
+    lengths, dataset = corpus(seed=2, completion_mask=True)
 
     straight = build(lengths, dataset, world, rank)
     steps = train((*straight, 0), world)

@@ -60,9 +60,12 @@ class PackedEvalMixin:
                     "packed_eval_sampler=PackedBatchSampler(eval_lengths, cost, layout, "
                     "PlannerConfig(tail='partial'), dp_rank=...))")
             config = s.config.model_copy(update={"tail": "partial"})
+            # the eval set's trained tokens (a labels / loss-mask column), as for training
+            counts = getattr(self.packed_dataset(dataset), "loss_tokens", lambda: None)()
             sampler = PackedBatchSampler(
                 SampleTable(row_lengths(dataset, self.packed_tokens_column)), s.cost, s.layout,
-                config, dp_rank=s.dp_rank, cp_rank=s.cp_rank, pp_rank=s.pp_rank)
+                config, dp_rank=s.dp_rank, cp_rank=s.cp_rank, pp_rank=s.pp_rank,
+                **({} if counts is None else {"loss_tokens": counts}))
             self._packed_eval_samplers[key] = (dataset, sampler)  # the dataset keeps id() unique
         return self._packed_eval_samplers[key][1]
 

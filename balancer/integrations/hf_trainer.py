@@ -204,6 +204,14 @@ class PackedTrainerMixin(PackedEvalMixin):
             kw = {"prefetch_factor": args.dataloader_prefetch_factor,
                   "persistent_workers": args.dataloader_persistent_workers}
         ds = self.packed_dataset(self.train_dataset)
+        trained = getattr(ds, "labels_column", None) or getattr(ds, "loss_mask_column", None)
+        if trained and getattr(self.packed_sampler, "loss_tokens", None) is None:
+            raise ValueError(
+                f"the training set trains only some tokens (column {trained!r}) but "
+                f"packed_sampler counts every token, so num_items_in_batch would be wrong: build "
+                f"it with PackedBatchSampler(..., loss_tokens=PackedDataset(train_dataset, "
+                f"{'labels_column' if ds.labels_column else 'loss_mask_column'}={trained!r})"
+                f".loss_tokens())")
         loader = torch.utils.data.DataLoader(
             ds, batch_sampler=self.packed_sampler, collate_fn=self.packed_collate,
             num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory, **kw)

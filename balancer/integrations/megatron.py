@@ -17,10 +17,13 @@ shard itself with Transformer Engine's ``thd_get_partitioned_indices``; the per-
   ``cu_seqlens_padded`` (int32) and ``max_seqlen`` (int32[1]), as Megatron's ``get_batch``
   hands them to ``get_thd_batch_on_this_cp_rank(batch, cu_seqlens, cu_seqlens_padded,
   max_seqlen)``. Megatron's loss is ``sum(loss * loss_mask)``; divide it by
-  ``batch["step_loss_tokens"]`` for the plan's step normalisation.
+  ``batch["step_loss_tokens"]`` for the plan's step normalisation. With an SFT labels or
+  loss-mask column ``loss_mask`` is 0 on every token not trained (the user's mask, document
+  starts, padding), so the same division gives the masked token mean of the step.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -37,9 +40,10 @@ def _unsharded(ref):
     return ref.replace(cp=1, cp_rank=0) if isinstance(ref, MicrobatchRef) else list(ref)
 
 
-def pad_microbatch(batch: dict, cp: int, pad_token_id: int = 0) -> dict:
+def pad_microbatch(batch: dict, cp: int, pad_token_id: int = 0, token_columns=()) -> dict:
     """The unsharded ``cp == 1`` batch laid out with every document padded to a multiple of
-    ``2 cp`` (numpy or torch arrays in, the same out)."""
+    ``2 cp`` (numpy or torch arrays in, the same out); ``token_columns`` (the dataset's
+    per-token columns in the batch) are padded with 0 like the collator pads them."""
     as_np = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
     cu = np.asarray(as_np["cu_seqlens"], np.int64)
     lens = np.diff(cu)
@@ -58,6 +62,8 @@ def pad_microbatch(batch: dict, cp: int, pad_token_id: int = 0) -> dict:
     out["labels"] = scatter("labels", IGNORE, np.int64)
     out["shift_labels"] = scatter("shift_labels", IGNORE, np.int64)
     out["document_ids"] = scatter("document_ids", -1, np.int32)
+    for c in token_columns:
+        out[c] = scatter(c, 0, np.asarray(as_np[c]).dtype)
     out["position_ids"] = np.arange(total, dtype=np.int64) - np.repeat(cu_p[:-1], padded)
     out["cu_seqlens_padded"] = cu_p.astype(np.int32)
     out["max_seqlen_padded"] = int(padded.max(initial=0))
@@ -82,8 +88,10 @@ class PaddedCollator:
         if not isinstance(fetched, FetchedMicrobatch):
             raise ValueError("PaddedCollator needs batches from PackedDataset")
         cp = self.cp or getattr(fetched.ref, "cp", 1)
-        flat = self._collator(FetchedMicrobatch(_unsharded(fetched.ref), fetched.docs))
-        out = pad_microbatch(flat, cp, self.pad_token_id)
+        # the same documents with their labels and token columns, as one unsharded microbatch
+        flat = self._collator(dataclasses.replace(fetched, ref=_unsharded(fetched.ref)))
+        columns = tuple(getattr(fetched, "columns", None) or ())
+        out = pad_microbatch(flat, cp, self.pad_token_id, columns)
         out["cp"] = cp
         if self.return_tensors == "pt":
             out = {k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
@@ -109,10 +117,13 @@ def te_partition_index(cu_seqlens_padded, cp: int, cp_rank: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
-def megatron_batch(batch: dict) -> dict:
+def megatron_batch(batch: dict, token_columns=()) -> dict:
     """The dict Megatron's THD ``get_batch`` works on, from a :class:`PaddedCollator` batch (or an
     unsharded cp == 1 batch). A loader-side CP shard is refused: Megatron shards the padded
-    microbatch itself."""
+    microbatch itself. ``loss_mask`` is 1 exactly where the next token is trained: with a
+    labels or loss-mask column (``PackedDataset(labels_column= | loss_mask_column=)``) the
+    masked tokens are 0, and its sum over a step is ``step_loss_tokens``. ``token_columns``
+    (RL advantages, old log-probs...) are added as [1, T] under their own names."""
     if "cp_index" in batch:
         raise ValueError("this is a CP shard; Megatron cuts the shard itself from the padded, "
                          "unsharded microbatch: use balancer.integrations.megatron.PaddedCollator")
@@ -127,4 +138,5 @@ def megatron_batch(batch: dict) -> dict:
         "cu_seqlens": torch.as_tensor(batch["cu_seqlens"]).to(torch.int32),
         "cu_seqlens_padded": torch.as_tensor(batch["cu_seqlens_padded"]).to(torch.int32),
         "max_seqlen": torch.tensor([int(batch["max_seqlen_padded"])], dtype=torch.int32),
+        **{c: torch.as_tensor(batch[c])[None] for c in token_columns},
     }

@@ -171,11 +171,3 @@ def rel_grad_diff(got: dict, ref: dict) -> float:
     assert got.keys() == ref.keys(), set(got) ^ set(ref)
     scale = max(float(v.abs().max()) for v in ref.values())
     return max(float((got[k].to(torch.float64) - ref[k]).abs().max()) for k in ref) / scale
-
-
-def have_sft_api() -> bool:
-    """Whether the loader takes the user's labels / loss masks (issue 24 items 1-2)."""
-    import inspect
-
-    from balancer.loader.collate import PackedDataset
-    return "loss_mask_column" in inspect.signature(PackedDataset).parameters

@@ -18,16 +18,12 @@ transformers = need("transformers")
 
 from integration_helpers import doc_loss_sum, tiny_llama  # noqa: E402
 from sft_helpers import (IGNORE, chat_dataset, chat_tokenizer, completion_dataset,  # noqa: E402
-                         conversations, have_sft_api, plan_parts, reference_labels,
+                         conversations, plan_parts, reference_labels,
                          reference_step, rel_grad_diff, step_pieces)
 
 TOL = 1e-12
 #: (dataset kind, its mask column)
 KINDS = [("chat", "assistant_masks"), ("completion", "completion_mask")]
-needs_api = pytest.mark.xfail(
-    not have_sft_api(), strict=False,
-    reason="issue 24 items 1-2 (PackedDataset(labels_column=, loss_mask_column=), the "
-           "collator's masked labels and trained-token counts) are not on main yet")
 
 
 def _dataset(kind):
@@ -107,9 +103,9 @@ def titan_first_step(ds, col, samples, cost, layout, config, world=1):
     from balancer import PackedBatchSampler
     from balancer.integrations.hf import model_inputs
     from balancer.loader.collate import PackedCollator, PackedDataset
-    sampler = PackedBatchSampler(samples, cost, layout, config)
-    loader = DataLoader(PackedDataset(ds, loss_mask_column=col), batch_sampler=sampler,
-                        collate_fn=PackedCollator())
+    pds = PackedDataset(ds, loss_mask_column=col)
+    sampler = PackedBatchSampler(samples, cost, layout, config, loss_tokens=pds.loss_tokens())
+    loader = DataLoader(pds, batch_sampler=sampler, collate_fn=PackedCollator())
     model = tiny_llama()
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     mine = 0
@@ -138,9 +134,9 @@ def megatron_first_step(ds, col, samples, cost, layout, config, world=1):
     from balancer import PackedBatchSampler
     from balancer.integrations.megatron import PaddedCollator, megatron_batch
     from balancer.loader.collate import PackedDataset
-    sampler = PackedBatchSampler(samples, cost, layout, config)
-    loader = DataLoader(PackedDataset(ds, loss_mask_column=col), batch_sampler=sampler,
-                        collate_fn=PaddedCollator())
+    pds = PackedDataset(ds, loss_mask_column=col)
+    sampler = PackedBatchSampler(samples, cost, layout, config, loss_tokens=pds.loss_tokens())
+    loader = DataLoader(pds, batch_sampler=sampler, collate_fn=PaddedCollator())
     model = tiny_llama()
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     mine = 0
@@ -161,7 +157,8 @@ def megatron_first_step(ds, col, samples, cost, layout, config, world=1):
     raise AssertionError("no step")
 
 
-def trainer_first_step(ds, samples, cost, layout, config, out_dir, trl_flag=None, **mixin):
+def trainer_first_step(ds, col, samples, cost, layout, config, out_dir, trl_flag=None,
+                       **mixin):
     """HF Trainer (``trl_flag`` None) or TRL SFTTrainer with ``trl_flag`` (completion_only_loss
     / assistant_only_loss) set, one optimizer step, float64 loss (causal_lm_loss). Returns
     (grads before the optimizer step, num_items_in_batch the loss got, the args'
@@ -200,7 +197,10 @@ def trainer_first_step(ds, samples, cost, layout, config, out_dir, trl_flag=None
     class PackedTrainer(PackedTrainerMixin, base):
         pass
 
-    sampler = PackedBatchSampler(samples, cost, layout, config)
+    from balancer.loader.collate import PackedDataset
+    # the sampler counts the trained tokens of the mask the trainer reads (col)
+    counts = PackedDataset(ds, loss_mask_column=col).loss_tokens()
+    sampler = PackedBatchSampler(samples, cost, layout, config, loss_tokens=counts)
     tr = PackedTrainer(model=tiny_llama(), args=args, train_dataset=ds, packed_sampler=sampler,
                        callbacks=[FirstGrads()], compute_loss_func=loss_fn, **extra, **mixin)
     tr.train()
@@ -208,7 +208,6 @@ def trainer_first_step(ds, samples, cost, layout, config, out_dir, trl_flag=None
     return grads, int(items[0]), bool(args.average_tokens_across_devices)
 
 
-@needs_api
 @pytest.mark.parametrize("kind,col", KINDS)
 def test_titan_and_megatron_loops_one_process(kind, col):
     tok, ds = _dataset(kind)
@@ -222,20 +221,18 @@ def test_titan_and_megatron_loops_one_process(kind, col):
         print(f"{name} {kind}: {trained} trained tokens, first-step grad rel diff {d:.1e}")
 
 
-@needs_api
 @pytest.mark.parametrize("kind,col", KINDS)
 def test_hf_trainer_one_process(tmp_path, kind, col):
     tok, ds = _dataset(kind)
     parts = plan_parts(ds)
     ref, trained = reference_step(tiny_llama(), ds, col, step_pieces(*parts))
-    grads, items, _ = trainer_first_step(ds, *parts, tmp_path, loss_mask_column=col)
+    grads, items, _ = trainer_first_step(ds, col, *parts, tmp_path, loss_mask_column=col)
     assert items == trained
     d = rel_grad_diff(grads, ref)
     assert d <= TOL, d
     print(f"HF Trainer {kind}: num_items_in_batch {items}, first-step grad rel diff {d:.1e}")
 
 
-@needs_api
 @pytest.mark.parametrize("kind,col,flag", [("chat", "assistant_masks", "assistant_only_loss"),
                                            ("completion", "completion_mask",
                                             "completion_only_loss")])
@@ -244,7 +241,7 @@ def test_trl_sft_trainer_one_process(tmp_path, kind, col, flag):
     tok, ds = _dataset(kind)
     parts = plan_parts(ds)
     ref, trained = reference_step(tiny_llama(), ds, col, step_pieces(*parts))
-    grads, items, _ = trainer_first_step(ds, *parts, tmp_path, trl_flag=flag)
+    grads, items, _ = trainer_first_step(ds, col, *parts, tmp_path, trl_flag=flag)
     assert items == trained
     d = rel_grad_diff(grads, ref)
     assert d <= TOL, d
@@ -301,8 +298,8 @@ def _rank(rank, world, out):
                                      "step_tokens": st, "mine": mine}
         flag = "assistant_only_loss" if kind == "chat" else "completion_only_loss"
         for name, kw in (("trainer", {"loss_mask_column": col}), ("trl", {"trl_flag": flag})):
-            g, items, avg = trainer_first_step(ds, *parts, Path(out) / f"{name}{kind}{rank}",
-                                               **kw)
+            g, items, avg = trainer_first_step(ds, col, *parts,
+                                               Path(out) / f"{name}{kind}{rank}", **kw)
             res[f"{name}-{kind}"] = {"grads": {k: v.tolist() for k, v in g.items()},
                                      "items": items, "average": avg}
     allr = [None] * world
@@ -311,7 +308,6 @@ def _rank(rank, world, out):
         (Path(out) / "result.json").write_text(json.dumps(allr))
 
 
-@needs_api
 @pytest.mark.slow
 def test_every_stack_two_processes(tmp_path):
     need("trl")
