@@ -20,7 +20,7 @@ a DDP/FSDP wrapper over the DP ranks then averages them. :func:`pipeline_loss` i
 token cross entropy of one row times ``step.loss_kwargs["scale"]`` =
 ``n_microbatches (scale_grads=True) x dp_average / step_loss_tokens``, so the step's gradient is
 the global batch's token mean, exactly as the unpacked model's (tested with both schedules and
-both ``scale_grads`` on CPU gloo)::
+both ``scale_grads`` on CPU gloo: one stage, and two stages in two processes)::
 
     schedule = Schedule1F1B(stage, n_microbatches=layout.microbatches, loss_fn=pipeline_loss)
     for step in pipeline_steps(loader, layout.microbatches, seq_len=layout.capacity):
@@ -33,7 +33,15 @@ both ``scale_grads`` on CPU gloo)::
 Pass ``position_ids`` to the stages that need them (``step.position_ids``, the same shape):
 with attention, a row holds several documents, and the model must not attend across them --
 e.g. a flash-attention varlen path that derives the boundaries from ``position_ids``, or a
-mask from ``step.document_ids``. Under CP the rows are this rank's shards (``cp_index`` in the
+mask from ``step.document_ids``. Only the first stage's positional arguments travel through the
+pipeline; keyword arguments of ``schedule.step`` are split into the same rows and given to that
+process's stage, so each stage passes the ones its module takes::
+
+    if first_stage:   # module.forward(input_ids, position_ids)
+        schedule.step(step.input_ids, position_ids=step.position_ids)
+    else:             # module.forward(hidden, document_ids): masks attention per document
+        schedule.step(document_ids=step.document_ids, target=step.target,
+                      loss_kwargs=step.loss_kwargs) Under CP the rows are this rank's shards (``cp_index`` in the
 batches); pad ``seq_len`` to the shard capacity.
 """
 from __future__ import annotations
