@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
-from .balanced_pool import _compact_pool, _grow, _grow_pool, _pool_add
+from .balanced_pool import _compact_pool, _grow, _grow_bool, _grow_float, _grow_pool, _pool_add
 from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
                             _with_fresh)
 from .delay import _schedule_lumps
@@ -105,7 +105,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     else:
                         look_cum += w[look]
                     look += 1
-            now = _grow(now, np_)
+            now = _grow_bool(now, np_)
             for q in range(nls):
                 now[ls[q]] = pos >= n
             # every look-ahead lump is re-planned (or, once the stream is fully read, already
@@ -115,7 +115,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 nl = 0
                 need_cap = nls + nf - f0 + 1  # pending lumps plus every look-ahead one
                 if need_cap > lex.shape[0]:
-                    lex = _grow(lex, need_cap)
+                    lex = _grow_float(lex, need_cap)
                     lsz = _grow(lsz, need_cap)
                     llo = _grow(llo, need_cap)
                     lhi = _grow(lhi, need_cap)
@@ -257,8 +257,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     if np_ >= pool.shape[0] or nls >= ls.shape[0]:
                         pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                     # delay = -(steps read early)
-                    nls = _pool_add(pool, parr, now, ls, np_, nls, i, step + pull_est[q], True,
-                                    True)
+                    nls = _pool_add(pool, parr, now, ls, np_, nls, i, step + pull_est[q],
+                                    np.bool_(True), np.bool_(True))
                     np_ += 1
         npull = 0
         # ---- at least one candidate per microbatch: a step whose budget holds fewer (heavy
@@ -278,7 +278,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                 lump = (costs[pos] - sizes[pos] * cpt > thr)
-                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, True, lump)
+                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, np.bool_(True), lump)
                 if not lump:
                     pos_cum += w[pos]
                     fluid_w += w[pos]
@@ -365,7 +365,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                 lump = (costs[pos] - sizes[pos] * cpt > thr)
-                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, False, lump)
+                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, np.bool_(False), lump)
                 if not lump:
                     got += w[pos]
                     pos_cum += w[pos]

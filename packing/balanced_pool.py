@@ -8,23 +8,34 @@ import numpy as np
 
 from ._jit import kernel
 
-@kernel
-def _grow(a, need):
-    if need <= a.shape[0]:
-        return a
-    cap = a.shape[0] * 2
-    while cap < need:
-        cap *= 2
-    b = np.empty(cap, dtype=a.dtype)
-    b[:a.shape[0]] = a
-    return b
+
+def _grower(name):
+    """A kernel ``name(a, need)``: ``a``, or a copy doubled until it holds ``need`` items. One
+    kernel per element type (numba compiles a kernel once per argument type; one signature a
+    kernel, tests/packing/test_signatures.py), all from this one body."""
+    def grow(a, need):
+        if need <= a.shape[0]:
+            return a
+        cap = a.shape[0] * 2
+        while cap < need:
+            cap *= 2
+        b = np.empty(cap, dtype=a.dtype)
+        b[:a.shape[0]] = a
+        return b
+    grow.__name__ = grow.__qualname__ = name   # its name in listings and its cache file's
+    return kernel(grow)
+
+
+_grow = _grower("_grow")              # int64 arrays
+_grow_float = _grower("_grow_float")  # float64 arrays
+_grow_bool = _grower("_grow_bool")    # bool arrays
 
 
 @kernel
 def _grow_pool(pool, parr, now, ls, need, need_ls):
     """The pool arrays with room for ``need`` items, ``ls`` for ``need_ls`` lump slots
     (doubled until they fit)."""
-    return _grow(pool, need), _grow(parr, need), _grow(now, need), _grow(ls, need_ls)
+    return _grow(pool, need), _grow(parr, need), _grow_bool(now, need), _grow(ls, need_ls)
 
 
 @kernel

@@ -69,7 +69,7 @@ def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
     g2 = np.empty(nb, dtype=np.int64)
     _lpt_equal(bin_cost, dp, g1)
     _refine_swaps(bin_cost, g1, dp, 4 * dp + 16)
-    _kk(bin_cost, dp, True, g2)
+    _kk(bin_cost, dp, np.bool_(True), g2)
     _refine_swaps(bin_cost, g2, dp, 4 * dp + 16)
     if _group_loads(bin_cost, g2, dp).max() < _group_loads(bin_cost, g1, dp).max():
         rank_out[:] = g2
@@ -101,7 +101,7 @@ def _bin_positions(bin_cost, dp, m, rank_units, pp, sc):
         if pp > 1:  # a 1F1B-friendly order of the rank's microbatches
             for q in range(m):
                 sc.rank_cost[q] = bin_cost[sc.rank_bins[q]]
-            _pipeline_order(sc.rank_cost, pp, 8, sc.rank_perm)
+            _pipeline_order(sc.rank_cost, pp, np.int64(8), sc.rank_perm)
             for q in range(m):
                 sc.pos[sc.rank_bins[sc.rank_perm[q]]] = t0 + q
         else:

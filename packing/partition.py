@@ -22,7 +22,7 @@ def _lpt_equal(costs, m, group_of):
     order = np.argsort(-costs, kind="mergesort")
     keys = np.empty(m, dtype=np.float64)
     ids = np.empty(m, dtype=np.int64)
-    size = 0
+    size = np.int64(0)  # typed: a literal start compiles the heap for Literal[int](0)
     for g in range(m):
         size = heap_push(keys, ids, size, 0.0, g)
     count = np.zeros(m, dtype=np.int64)
@@ -140,7 +140,7 @@ def _kk(costs, m, equal, group_of):
     state_sets = np.empty((n_states, m), dtype=np.int64)
     keys = np.empty(n_states, dtype=np.float64)
     ids = np.empty(n_states, dtype=np.int64)
-    size = 0
+    size = np.int64(0)  # typed: a literal start compiles the heap for Literal[int](0)
     for s in range(n_states):
         for j in range(m):
             state_sets[s, j] = s * m + j
