@@ -1,6 +1,7 @@
 """A Megatron-style batch from the padded, unsharded mode (CPU):
 
     python examples/megatron_batch.py
+    python examples/megatron_batch.py --resume   # checkpoint the data position, resume it
 
 Current Megatron-core takes the whole packed microbatch with every document padded to a
 multiple of 2 cp and cuts each CP rank's shard itself (``get_thd_batch_on_this_cp_rank``, with
@@ -13,8 +14,18 @@ and a Megatron-style loss ``sum(loss * loss_mask) / step_loss_tokens`` over the 
 tiny Llama (document-causal additive mask) equals every document run alone. The corpus is SFT
 data (a prompt, then a completion: TRL's ``completion_mask``): ``loss_mask`` is 0 on the prompts,
 and the sampler counts the completions' tokens (``loss_tokens=``) for ``step_loss_tokens``.
+With ``--resume``: the data side of a Megatron-style run over 2 epochs, read by a DataLoader
+with 2 workers (which read ahead of the loop). The run stops after 3 microbatches (mid-step,
+mid-epoch 0) with ``sampler.state_dict(after=batch)`` saved through ``torch.save``, as a
+checkpoint holds it; a fresh dataset, sampler and loader load it, and every remaining Megatron
+batch (tokens, labels, loss_mask, position_ids, cu_seqlens, cu_seqlens_padded, max_seqlen) and
+its step counts equal the uninterrupted run's, and every token is trained once per epoch.
 Tested with torch 2.13.0 (CPU), megatron-core 0.16.1, transformers 5.24.0.
 """
+import argparse
+import os
+import tempfile
+
 import numpy as np
 import torch
 from megatron.core import utils as mcore_utils
@@ -28,9 +39,10 @@ from balancer.loader.collate import PackedDataset
 from balancer.integrations.hf import additive_mask
 from balancer.integrations.megatron import PaddedCollator, megatron_batch
 
-from _common import TESTED_WITH, corpus, report, tiny_llama
+from _common import TESTED_WITH, check_exactly_once, corpus, pieces, report, tiny_llama
 
 CP = 2
+EPOCHS = 2
 
 
 def main():
@@ -85,5 +97,60 @@ def main():
            tested_with=TESTED_WITH)
 
 
+def _resume_build(lengths, dataset, layout):
+    """A fresh dataset, sampler and loader, as a restarted job builds them."""
+    packed = PackedDataset(dataset, loss_mask_column="completion_mask")
+    sampler = PackedBatchSampler(SampleTable(lengths), CostModel.quadratic(4096), layout,
+                                 PlannerConfig(seed=0), loss_tokens=packed.loss_tokens())
+    loader = DataLoader(packed, batch_sampler=sampler, collate_fn=PaddedCollator(),
+                        num_workers=2)  # workers read ahead: checkpoint with after=batch
+    return sampler, loader
+
+
+def _read(sampler, loader, stop_after=None, ckpt=None):
+    """(epoch, the loader's batch, its Megatron batch) from the sampler's position to the end
+    of EPOCHS; with ``stop_after``: save the data position after that many and return."""
+    out = []
+    for epoch in range(sampler.epoch, EPOCHS):
+        sampler.set_epoch(epoch)  # keeps a restored position inside its epoch
+        for full in loader:
+            out.append((epoch, full, megatron_batch(full)))
+            if len(out) == stop_after:
+                torch.save({"data": sampler.state_dict(after=full)}, ckpt)
+                return out
+    return out
+
+
+def resume():
+    lengths, dataset = corpus(n=96, seed=3, completion_mask=True)
+    layout = Layout(dp=1, cp=CP, microbatches=2, capacity=1024)
+    straight = _read(*_resume_build(lengths, dataset, layout))
+    stop = 3
+    ckpt = os.path.join(tempfile.gettempdir(), f"balancer-megatron-{os.getpid()}.pt")
+    first = _read(*_resume_build(lengths, dataset, layout), stop_after=stop, ckpt=ckpt)
+    state = torch.load(ckpt, weights_only=False)
+    os.remove(ckpt)
+    sampler, loader = _resume_build(lengths, dataset, layout)  # the restarted job
+    sampler.load_state_dict(state["data"])
+    rest = _read(sampler, loader)
+    assert 0 < state["data"]["position"] < sum(1 for e, _, _ in straight if e == 0)
+    assert len(first) + len(rest) == len(straight), (len(first), len(rest), len(straight))
+    for (e0, f0, m0), (e1, f1, m1) in zip(straight, first + rest):
+        assert e0 == e1 and m0.keys() == m1.keys()
+        for k in m0:
+            assert (m0[k] is None and m1[k] is None) or torch.equal(m0[k], m1[k]), k
+        for k in ("step", "step_loss_tokens", "last_in_step", "sample_ids", "sample_starts"):
+            assert torch.equal(torch.as_tensor(f0[k]), torch.as_tensor(f1[k])), k
+    docs = [check_exactly_once([p for e, f, _ in first + rest if e == ep for p in pieces(f)],
+                               lengths) for ep in range(EPOCHS)]
+    report(example="megatron_batch", resumed=True, cp=CP, epochs=EPOCHS,
+           microbatches=len(straight), checkpoint_after_microbatch=stop,
+           checkpoint_step=int(first[-1][1]["step"]), resumed_identical=True,
+           documents_per_epoch=docs, tested_with=TESTED_WITH)
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resume", action="store_true",
+                    help="checkpoint the data position after 3 microbatches, resume it")
+    resume() if ap.parse_args().resume else main()

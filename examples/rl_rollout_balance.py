@@ -11,6 +11,15 @@ applied to the original batch. The last line is ``RESULT {json}`` (every sample 
 order, the largest microbatch, the per-step imbalance).
 
   ./dev python examples/rl_rollout_balance.py [--world 2] [--steps 2] [--capacity 4096]
+  ./dev python examples/rl_rollout_balance.py --resume --steps 3   # checkpoint, fresh ranks
+
+With ``--resume``: the run-time balancer's state between rollout steps is its step counter (each
+step is balanced whole, nothing is carried), so that is what a checkpoint holds. The run saves
+``{"step": k}`` after step ``k = steps // 2`` and goes on to the end; a fresh set of processes
+(a new process group) then resumes from the checkpoint, calling ``balance_rollout(...,
+step=k)`` on: every resumed step's plan (its fingerprint), every rank's packed microbatches and
+its restored log-probs equal the uninterrupted run's. Ranks resumed from different checkpoints
+are refused on every rank before anything moves (shown first in the resumed run).
 
 Tested with torch 2.13.0+cpu, numba 0.68.1, numpy 2.4.6 (Python 3.11, 2 CPU cores): about 10 s,
 most of it process start-up. verl is not needed (nor installed): the batch only has its layout.
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import hashlib
 import json
 import os
 import tempfile
@@ -64,10 +74,25 @@ def worker(rank: int, world: int, init: str, args) -> None:
         from balancer import load_cost_model
         from balancer.runtime import balance_rollout
         cost = load_cost_model(args.cost_model)
+        first = 0
+        if args.resume_from is not None:  # a fresh process of the resumed run
+            first = json.loads(Path(args.resume_from).read_text())["step"]
+            try:  # ranks resumed from different checkpoints: refused on every rank
+                balance_rollout(rollout(rank, first, args.batch, args.prompt, args.response),
+                                cost, args.capacity, step=first - rank)
+                mismatch = None
+            except ValueError as e:
+                mismatch = str(e)
+            if rank == 0:
+                print(f"ranks resumed at steps {[first - r for r in range(world)]}: "
+                      f"{'refused: ' + mismatch.splitlines()[0] if mismatch else 'ACCEPTED'}")
+            if mismatch is None:
+                raise SystemExit("ranks at different steps were not refused")
+        digests = {}
         result = {"processes": world, "steps": args.steps, "restored_in_order": True,
                   "every_sample_once": True, "largest_microbatch": 0,
                   "capacity": args.capacity, "imbalance": []}
-        for step in range(args.steps):
+        for step in range(first, args.steps):
             batch = rollout(rank, step, args.batch, args.prompt, args.response)
             tokens_before = int(batch["attention_mask"].sum())
             cost_before = float(cost.doc_total(batch["attention_mask"].sum(1).numpy()).sum())
@@ -78,6 +103,13 @@ def worker(rank: int, world: int, init: str, args) -> None:
             want = fake_log_probs(batch["input_ids"], batch["old_log_probs"]) * \
                 batch["attention_mask"]
             ok = torch.equal(back["log_probs"], want)
+            h = hashlib.sha256(r.plan.fingerprint().encode())
+            for mb in r.microbatches:
+                for k in ("input_ids", "position_ids", "cu_seqlens", "source_rank",
+                          "source_index", "old_log_probs", "advantages"):
+                    h.update(torch.as_tensor(mb[k]).numpy().tobytes())
+            h.update(back["log_probs"].numpy().tobytes())
+            digests[step] = h.hexdigest()
             mine = r.plan.rank_costs()[rank]
             tok_after = sum(int(mb["cu_seqlens"][-1]) for mb in r.microbatches)
             largest = max(int(mb["cu_seqlens"][-1]) for mb in r.microbatches)
@@ -104,7 +136,15 @@ def worker(rank: int, world: int, init: str, args) -> None:
                       f"rank, plan {1e3 * r.stats['plan_seconds']:.2f} ms")
             if not ok:
                 raise SystemExit(f"rank {rank}: restored log-probs differ")
-        if rank == 0:
+            if args.checkpoint is not None and step + 1 == args.checkpoint_at and rank == 0:
+                Path(args.checkpoint).write_text(json.dumps({"step": step + 1}))
+        every = [None] * world
+        dist.all_gather_object(every, digests)
+        result["digests"] = every
+        if rank == 0 and args.out is not None:  # --resume: the parent compares the runs
+            Path(args.out).write_text(json.dumps(result))
+        elif rank == 0:
+            result.pop("digests")
             print("RESULT " + json.dumps(result))
             if not (result["every_sample_once"] and result["restored_in_order"]):
                 raise SystemExit("a sample was lost, duplicated or restored out of order")
@@ -122,12 +162,51 @@ def main(argv=None):
     ap.add_argument("--response", type=int, default=2048)
     ap.add_argument("--capacity", type=int, default=4096)
     ap.add_argument("--cost-model", default="llama-7b")
+    ap.add_argument("--resume", action="store_true",
+                    help="checkpoint after step steps // 2, resume it in fresh processes")
     args = ap.parse_args(argv)
+    args.out = args.checkpoint = args.resume_from = None
     balancer.warmup(["fixed"])  # compiled once here: the spawned ranks load the kernels
+    if args.resume:
+        return resume(args)
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{Path(tmp) / 'rendezvous'}"
         mp.start_processes(worker, args=(args.world, init, args), nprocs=args.world, join=True,
                            start_method="spawn")
+
+
+def resume(args):
+    if args.steps < 2:
+        raise SystemExit("--resume needs --steps 2 or more (a checkpoint between steps)")
+    args.checkpoint_at = args.steps // 2
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("straight", "resumed"):  # each a fresh set of processes and group
+            a = argparse.Namespace(**vars(args))
+            a.out = str(Path(tmp) / f"{name}.json")
+            if name == "straight":
+                a.checkpoint = str(Path(tmp) / "checkpoint.json")
+            else:
+                a.resume_from = str(Path(tmp) / "checkpoint.json")
+            init = f"file://{Path(tmp) / f'rendezvous-{name}'}"
+            mp.start_processes(worker, args=(args.world, init, a), nprocs=args.world,
+                               join=True, start_method="spawn")
+            runs.append(json.loads(Path(a.out).read_text()))
+    straight, resumed = runs
+    k = str(args.checkpoint_at)
+    tail = [{s: d for s, d in rank.items() if int(s) >= int(k)} for rank in straight["digests"]]
+    same = tail == resumed["digests"] and all(len(d) == args.steps - int(k) for d in tail)
+    print(f"resumed at step {k} in fresh processes: steps {k}..{args.steps - 1} identical to "
+          f"the uninterrupted run (plans, microbatches, restored log-probs): {same}")
+    res = {key: straight[key] for key in ("processes", "steps", "capacity")}
+    res.update(resumed=True, checkpoint_at_step=int(k), resumed_identical=same,
+               every_sample_once=straight["every_sample_once"] and resumed["every_sample_once"],
+               restored_in_order=straight["restored_in_order"] and resumed["restored_in_order"],
+               largest_microbatch=straight["largest_microbatch"],
+               imbalance=straight["imbalance"], imbalance_resumed=resumed["imbalance"])
+    print("RESULT " + json.dumps(res))
+    if not (same and res["every_sample_once"] and res["restored_in_order"]):
+        raise SystemExit("the resumed run differs from the uninterrupted one")
 
 
 if __name__ == "__main__":

@@ -98,12 +98,23 @@ def test_megatron_batch(tmp_path):
     need("megatron.core")
     r = _run(tmp_path, EXAMPLES / "megatron_batch.py")
     assert r["loss_diff_vs_unpacked"] <= 1e-10 and r["padded_tokens"] % (2 * r["cp"]) == 0
+    # the resume variant (issue 29): the data position saved mid-epoch with 2 workers, a fresh
+    # loader resumes it; every remaining Megatron batch equals the uninterrupted run's
+    r = _run(tmp_path, EXAMPLES / "megatron_batch.py", "--resume")
+    assert r["resumed_identical"] and 0 < r["checkpoint_after_microbatch"] < r["microbatches"]
+    assert r["documents_per_epoch"] == [96, 96]
 
 
 def test_sync_balance(tmp_path):
     r = _run(tmp_path, EXAMPLES / "sync_balance.py", "--samples", "4000")
     assert set(r["lockstep"]) == {"wlbllm", "wikipedia", "prolong", "bimodal-sft"}
     assert all(v["step"] >= 1 and v["microbatch"] >= 1 for v in r["lockstep"].values())
+    # the resume variant (issue 29): each sync's samplers resume mid-epoch exactly in fresh
+    # objects; a checkpoint of the other sync is refused
+    r = _run(tmp_path, EXAMPLES / "sync_balance.py", "--resume", "--samples", "4000")
+    assert r["other_sync_refused"] and set(r["sync"]) == {"step", "microbatch"}
+    assert all(v["resumed_identical"] and v["checkpoint_after_microbatch"] > 0
+               for v in r["sync"].values())
 
 
 def test_missing_library_fails_under_ci(monkeypatch):

@@ -15,15 +15,20 @@ TIMEOUT_S = 240  # well under a minute on an idle 2-core machine; CI machines ar
 CASES = {
     "rl_rollout_balance.py": (["--steps", "1", "--batch", "8"],
                               ["restored in order: True", "slowest rank / mean cost"]),
+    # the resume variant (issue 29): a checkpoint after step 1, fresh processes resume it
+    "rl_rollout_balance.py --resume": (["--steps", "3", "--batch", "8", "--resume"],
+                                       ["restored in order: True", "refused: ranks disagree",
+                                        "identical to the uninterrupted run"]),
     "stream_balance.py": (["--docs", "240", "--stop-after", "5"],
                           ["every document once: True", "before the restart"]),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", sorted(CASES))
-def test_example_runs(script, tmp_path):
-    args, expect = CASES[script]
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_example_runs(case, tmp_path):
+    args, expect = CASES[case]
+    script = case.split()[0]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1",
                HF_HOME=str(tmp_path / "hf"), TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=tmp_path,
@@ -43,6 +48,10 @@ def test_example_runs(script, tmp_path):
     if script == "stream_balance.py":
         assert r["duplicates"] == r["missing"] == 0 and r["unplanned"] == 0
         assert r["trained"] == r["documents"] == 240 and all(n > 0 for n in r["before_restart"])
+    elif "--resume" in args:
+        assert r["resumed"] and r["resumed_identical"] and r["checkpoint_at_step"] == 1
+        assert r["every_sample_once"] and r["restored_in_order"]
+        assert r["imbalance_resumed"] == r["imbalance"][1:]
     else:
         assert r["every_sample_once"] and r["restored_in_order"]
         assert 0 < r["largest_microbatch"] <= r["capacity"] and len(r["imbalance"]) == 1
