@@ -84,11 +84,13 @@ def pool_group(g: int, n_ranks: int) -> str:
 
 
 # ---- the estimate of one step ----------------------------------------------------------------
-def step_time(plan: HybridPlan, table: CPCostTable) -> float:
-    """Estimated time of a one-step ``plan`` whose items are the rows of ``table``: the sum
-    over rounds of the slowest rank's compute plus exposed exchange (every sharded item its own
-    exchange), plus the round constant on every rank that runs something. The same figure, in
-    the same arithmetic, as ``balancer.planning.hybrid.estimate(plan, ...).step_time``."""
+def round_loads(plan: HybridPlan, table: CPCostTable, grouped: Optional[Callable] = None):
+    """``(compute, exposed, busy)``, (rounds, ranks) arrays of ``plan`` whose items are the rows
+    of ``table``: every rank's compute and exposed exchange in every round (a whole item on its
+    owner, a sharded one on every rank of its group: its own exchange each) and whether it runs
+    something. ``grouped(g_of, k, sharded)``, where given and some item is sharded, charges the
+    sharded items' exchange per group instead (an (R, P) array added to the exposed time, their
+    own exposures then zero): ``g_of`` is the group of every entry, ``k`` its log2 size."""
     P, R = plan.n_ranks, plan.n_rounds
     comp = np.zeros((R, P))
     expo = np.zeros((R, P))
@@ -98,15 +100,20 @@ def step_time(plan: HybridPlan, table: CPCostTable) -> float:
     off = plan.group_offset[g_of]
     rnd = plan.round_of_group()[g_of]
     it, own = plan.entry_item, plan.entry_owner
+    k = np.log2(size).astype(np.int64)
     sh = own < 0
     whole = ~sh
-    k_eff = np.where(sh, np.log2(size).astype(np.int64), 0)
+    k_eff = np.where(sh, k, 0)
     c_e = table.compute[it, k_eff]
     x_e = table.exposed[it, k_eff]
     np.add.at(comp, (rnd[whole], off[whole] + own[whole]), c_e[whole])
     np.add.at(expo, (rnd[whole], off[whole] + own[whole]), x_e[whole])
     busy[rnd[whole], off[whole] + own[whole]] = True
+    if sh.any() and grouped is not None:
+        x_e[sh] = 0.0
+        expo += grouped(g_of, k, sh)
     if sh.any():
+        # a sharded item adds to every rank of its group: difference arrays over rank ranges
         dc = np.zeros((R, P + 1))
         dx = np.zeros((R, P + 1))
         db = np.zeros((R, P + 1), dtype=np.int64)
@@ -119,8 +126,17 @@ def step_time(plan: HybridPlan, table: CPCostTable) -> float:
         comp += np.maximum(np.cumsum(dc, axis=1)[:, :P], 0.0)
         expo += np.maximum(np.cumsum(dx, axis=1)[:, :P], 0.0)
         busy |= np.cumsum(db, axis=1)[:, :P] > 0
+    return comp, expo, busy
+
+
+def step_time(plan: HybridPlan, table: CPCostTable) -> float:
+    """Estimated time of a one-step ``plan`` whose items are the rows of ``table``: the sum
+    over rounds of the slowest rank's compute plus exposed exchange (every sharded item its own
+    exchange), plus the round constant on every rank that runs something. The same figure, in
+    the same arithmetic, as ``balancer.planning.hybrid.estimate(plan, ...).step_time``."""
+    comp, expo, busy = round_loads(plan, table)
     load = comp + expo + table.round_constant * busy
-    return float((load.max(axis=1) if R else np.zeros(0)).sum())
+    return float((load.max(axis=1) if plan.n_rounds else np.zeros(0)).sum())
 
 
 def _megatron_if_faster(plan: HybridPlan, lengths, model: CPCostModel, n_ranks: int,
@@ -218,4 +234,4 @@ def plan(lengths, cost, n_ranks, budget, config):
 
 
 __all__ = ["OverLimit", "cut_documents", "global_batches", "plan_batches", "plan_hybrid",
-           "step_time"]
+           "round_loads", "step_time"]

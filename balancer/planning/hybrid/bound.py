@@ -13,6 +13,7 @@ from packing.hybrid_cp import HybridPlan
 from packing.validate import as_sizes
 
 from ...cost.cp import CPCostModel, CPCostTable
+from ...strategies.hybrid import round_loads
 
 
 # ---- the estimate --------------------------------------------------------------------------------
@@ -116,25 +117,9 @@ def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
     R = plan.n_rounds
     items = plan.item_length if plan.item_length.any() else lengths[plan.item_doc]
     tab = model.table(items, P)
-    comp = np.zeros((R, P))
-    expo = np.zeros((R, P))
-    busy = np.zeros((R, P), dtype=bool)
-    g_of = plan.group_of_entry()
-    size = plan.group_size[g_of]
-    off = plan.group_offset[g_of]
-    rnd = plan.round_of_group()[g_of]
     it = plan.entry_item
-    own = plan.entry_owner
-    k = np.log2(size).astype(np.int64)
-    sh = own < 0
-    whole = ~sh
-    k_eff = np.where(sh, k, 0)
-    c_e = tab.compute[it, k_eff]
-    x_e = tab.exposed[it, k_eff]
-    np.add.at(comp, (rnd[whole], off[whole] + own[whole]), c_e[whole])
-    np.add.at(expo, (rnd[whole], off[whole] + own[whole]), x_e[whole])
-    busy[rnd[whole], off[whole] + own[whole]] = True
-    if sh.any() and exchange == "group":
+
+    def grouped(g_of, k, sh):
         # one exchange per (round, group) for its sharded documents together
         parts = model.exchange_parts(items, P)
         G = plan.group_size.shape[0]
@@ -142,8 +127,6 @@ def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
         ks = k[sh]
         sums = [np.bincount(gs, weights=a[it[sh], ks], minlength=G)
                 for a in (parts.bytes_s, parts.attn_f, parts.attn_b)]
-        x_e = x_e.copy()
-        x_e[sh] = 0.0
         has = np.bincount(gs, minlength=G) > 0
         gk = np.log2(plan.group_size).astype(np.int64)
         grp_x = np.zeros(G)
@@ -155,21 +138,10 @@ def estimate(plan: HybridPlan, model: CPCostModel, lengths, *,
         hg = np.flatnonzero(has)
         np.add.at(dgx, (grnd[hg], plan.group_offset[hg]), grp_x[hg])
         np.add.at(dgx, (grnd[hg], plan.group_offset[hg] + plan.group_size[hg]), -grp_x[hg])
-        expo += np.maximum(np.cumsum(dgx, axis=1)[:, :P], 0.0)
-    if sh.any():
-        # a sharded item adds to every rank of its group: difference arrays over rank ranges
-        dc = np.zeros((R, P + 1))
-        dx = np.zeros((R, P + 1))
-        db = np.zeros((R, P + 1), dtype=np.int64)
-        np.add.at(dc, (rnd[sh], off[sh]), c_e[sh])
-        np.add.at(dc, (rnd[sh], off[sh] + size[sh]), -c_e[sh])
-        np.add.at(dx, (rnd[sh], off[sh]), x_e[sh])
-        np.add.at(dx, (rnd[sh], off[sh] + size[sh]), -x_e[sh])
-        np.add.at(db, (rnd[sh], off[sh]), 1)
-        np.add.at(db, (rnd[sh], off[sh] + size[sh]), -1)
-        comp += np.maximum(np.cumsum(dc, axis=1)[:, :P], 0.0)
-        expo += np.maximum(np.cumsum(dx, axis=1)[:, :P], 0.0)
-        busy |= np.cumsum(db, axis=1)[:, :P] > 0
+        return np.maximum(np.cumsum(dgx, axis=1)[:, :P], 0.0)
+
+    comp, expo, busy = round_loads(plan, tab, grouped if exchange == "group" else None)
+    rnd = plan.round_of_group()[plan.group_of_entry()]
     load = comp + expo + tab.round_constant * busy
     round_time = load.max(axis=1) if R else np.zeros(0)
     # per step
