@@ -188,23 +188,28 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                 )
             guard += 1
             # re-plan the previous step together with the tail: all in that step if it fits,
-            # else keep back the dp cheapest items for a final step of one microbatch per rank
-            prev_m = builder.step_mbs[-1]
-            prev, prev_delay = builder.pop()
-            pool = np.concatenate([prev, pool])
-            pool_delay = np.concatenate([prev_delay, pool_delay])
-            order = np.lexsort((-costs[pool], -pool_delay))
-            pool, pool_delay = pool[order], pool_delay[order]
-            out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
-                                                 rank_units, balance, pp)
-            if rest.shape[0] == 0:
-                builder.emit(out, counts, pool_delay[idx])
-                return np.zeros(0, np.int64)
-            cheap = np.argsort(costs[pool], kind="stable")[:dp]
-            keep = np.ones(pool.shape[0], bool)
-            keep[cheap] = False
-            body, body_delay = pool[keep], pool_delay[keep]
-            m1 = min(prev_m, body.shape[0] // dp)
+            # else keep back the dp cheapest items for a final step of one microbatch per rank;
+            # when what is left is too few for that step, the step before joins them too
+            prev_m = 0
+            while True:
+                prev_m = max(prev_m, builder.step_mbs[-1])
+                prev, prev_delay = builder.pop()
+                pool = np.concatenate([prev, pool])
+                pool_delay = np.concatenate([prev_delay, pool_delay])
+                order = np.lexsort((-costs[pool], -pool_delay))
+                pool, pool_delay = pool[order], pool_delay[order]
+                out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
+                                                     rank_units, balance, pp)
+                if rest.shape[0] == 0:
+                    builder.emit(out, counts, pool_delay[idx])
+                    return np.zeros(0, np.int64)
+                cheap = np.argsort(costs[pool], kind="stable")[:dp]
+                keep = np.ones(pool.shape[0], bool)
+                keep[cheap] = False
+                body, body_delay = pool[keep], pool_delay[keep]
+                m1 = min(prev_m, body.shape[0] // dp)
+                if m1 > 0 or not builder.step_mbs:
+                    break
             if m1 == 0:
                 raise ValueError(
                     f"the last {pool.shape[0]} items fit neither one step of {dp} ranks x "

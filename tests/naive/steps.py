@@ -256,19 +256,23 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
             raise ValueError(f"{len(pool)} items cannot be spread over {dp} DP ranks: every rank "
                              f"needs at least one item per step; use tail='carry' or 'drop'")
         merges += 1
-        prev_m = steps.step_mbs[-1]
-        prev, prev_delay = steps.pop()
-        pool, delay = _by_delay_then_cost(np.concatenate([prev, pool]),
-                                          np.concatenate([prev_delay, delay]), costs)
-        out, counts, idx, rest = pack_exact(pool, sizes, costs, dp, prev_m, capacity, rank_units,
-                                            balance, pp)
-        if len(rest) == 0:
-            steps.emit(out, counts, delay[idx])
-            return np.zeros(0, np.int64)
-        held = sorted(range(len(pool)), key=lambda k: (costs[pool[k]], k))[:dp]
-        body = [k for k in range(len(pool)) if k not in held]
-        held = sorted(held)
-        m1 = min(prev_m, len(body) // dp)
+        prev_m = 0
+        while True:  # too few left for the held-back step: the step before joins them too
+            prev_m = max(prev_m, steps.step_mbs[-1])
+            prev, prev_delay = steps.pop()
+            pool, delay = _by_delay_then_cost(np.concatenate([prev, pool]),
+                                              np.concatenate([prev_delay, delay]), costs)
+            out, counts, idx, rest = pack_exact(pool, sizes, costs, dp, prev_m, capacity,
+                                                rank_units, balance, pp)
+            if len(rest) == 0:
+                steps.emit(out, counts, delay[idx])
+                return np.zeros(0, np.int64)
+            held = sorted(range(len(pool)), key=lambda k: (costs[pool[k]], k))[:dp]
+            body = [k for k in range(len(pool)) if k not in held]
+            held = sorted(held)
+            m1 = min(prev_m, len(body) // dp)
+            if m1 > 0 or not steps.steps:
+                break
         if m1 == 0:
             raise ValueError(f"the last {len(pool)} items fit neither one step of {dp} ranks x "
                              f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
