@@ -128,6 +128,40 @@ def _finish_stats(stats: dict, config: PlannerConfig, tot: dict, seconds: float)
     return stats
 
 
+class _Epochs:
+    """What the local and the distributed writer share: the epochs in turn (each one's windows,
+    the tail carried in from the epoch before), their manifest records and the manifest."""
+
+    def __init__(self, samples: SampleTable, layout: Layout, config: PlannerConfig, epochs: int):
+        self.samples, self.layout, self.config, self.epochs = samples, layout, config, epochs
+        self.records, self.n_windows, self.carry = [], [], None
+        self.t_all = time.perf_counter()
+
+    def __iter__(self):
+        """``(epoch, EpochWindows)`` of every epoch; call :meth:`done` before the next."""
+        for epoch in range(self.epochs):
+            self.t0 = time.perf_counter()
+            ew = EpochWindows(self.samples.lengths, self.layout, self.config, epoch, self.carry)
+            self.n_windows.append(len(ew.windows))
+            yield epoch, ew
+
+    def done(self, epoch: int, ew: EpochWindows, infos: dict, tot: dict, leftover) -> None:
+        """Record the epoch written (``infos`` its arrays, ``tot`` its counts); ``leftover``:
+        the items its last window left, carried into the next epoch under ``tail='carry'``."""
+        stats = _finish_stats(ew.stats, self.config, tot, time.perf_counter() - self.t0)
+        self.records.append(_epoch_record(epoch, infos, tot, stats, self.layout))
+        self.carry = leftover if self.config.tail == "carry" else None
+
+    def manifest(self, cost: CostModel, extra: Optional[dict], workers: int, world: int) -> dict:
+        s = self.samples
+        return dict(store.plan_header(self.layout, self.config, cost, len(s), s.fingerprint(),
+                                      s.total_tokens),
+                    epochs=self.records, extra=extra or {},
+                    precompute={"workers": workers, "world_size": world,
+                                "windows": self.n_windows,
+                                "seconds": time.perf_counter() - self.t_all})
+
+
 # ---- one machine: a pool of processes ------------------------------------------------------
 _WORKER: dict = {}
 
@@ -164,21 +198,13 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
         return _precompute_distributed(samples, cost, layout, config, out, epochs=epochs,
                                       progress=progress, overwrite=overwrite, extra=extra,
                                       group=group)
-    t_all = time.perf_counter()
-    header = store.plan_header(layout, config, cost, len(samples), samples.fingerprint(),
-                               samples.total_tokens)
+    run = _Epochs(samples, layout, config, epochs)
     writer = store.PlanDirWriter(out, overwrite=overwrite)
     bar = _bar(progress)
     try:
-        records, carry, n_windows = [], None, []
-        for epoch in range(epochs):
-            t0 = time.perf_counter()
-            ew = EpochWindows(samples.lengths, layout, config, epoch, carry)
+        for epoch, ew in run:
             nw = len(ew.windows)
-            n_windows.append(nw)
-            if bar is not None:
-                bar.total = (bar.total or 0) + nw
-                bar.set_description(f"epoch {epoch}")
+            _bar_add(bar, nw, f"epoch {epoch}")
             d = writer.epoch_dir(epoch)
             apps = {k: store.ArrayAppender(d / f"{k}.npy", dt) for k, dt in store.ARRAYS.items()}
             apps["mb_offsets"].append(np.zeros(1, np.int64))
@@ -191,28 +217,22 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
                 parts = pool.imap(_plan_in_worker, range(nw))
             else:
                 parts = (plan_part(ew, cost, i) for i in range(nw))
-            tick = _Ticker(bar) if nw == 1 else None  # one window: show the time it takes
-            try:
-                for part in parts:
-                    for name, (off, a) in part_slices(part, tot, layout.dp, cost).items():
-                        apps[name].append(a)
-                    tot, last = _add(tot, part.counts), part
-                    if bar is not None:
-                        bar.update(1)
-            finally:
-                if tick is not None:
-                    tick.stop()
-                if pool is not None:
-                    pool.terminate()
-                    pool.join()
+            # one window: show the time it takes
+            with _Ticker(bar if nw == 1 else None):
+                try:
+                    for part in parts:
+                        for name, (off, a) in part_slices(part, tot, layout.dp, cost).items():
+                            apps[name].append(a)
+                        tot, last = _add(tot, part.counts), part
+                        if bar is not None:
+                            bar.update(1)
+                finally:
+                    if pool is not None:
+                        pool.terminate()
+                        pool.join()
             infos = {k: a.close() for k, a in apps.items()}
-            stats = _finish_stats(ew.stats, config, tot, time.perf_counter() - t0)
-            records.append(_epoch_record(epoch, infos, tot, stats, layout))
-            carry = last.leftover if config.tail == "carry" else None
-        manifest = dict(header, epochs=records, extra=extra or {},
-                        precompute={"workers": workers, "world_size": 1, "windows": n_windows,
-                                    "seconds": time.perf_counter() - t_all})
-        return writer.commit(manifest)
+            run.done(epoch, ew, infos, tot, last.leftover if last is not None else None)
+        return writer.commit(run.manifest(cost, extra, workers, 1))
     except BaseException:
         writer.abort()
         raise
@@ -231,7 +251,7 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
     w = World.current(group)
     rank, world = w.rank, w.size
     src = 0 if group is None else dist.get_global_rank(group, 0)
-    t_all = time.perf_counter()
+    run = _Epochs(samples, layout, config, epochs)
     msg = [None, None]
     if rank == 0:
         try:
@@ -244,23 +264,16 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
     writer = store.PlanDirWriter(out, overwrite=overwrite, tmp=Path(msg[0]))
     bar = _bar(progress and rank == 0)
     try:
-        records, carry, n_windows = [], None, []
-        for epoch in range(epochs):
-            t0 = time.perf_counter()
-            ew = EpochWindows(samples.lengths, layout, config, epoch, carry)
+        for epoch, ew in run:
             nw = len(ew.windows)
-            n_windows.append(nw)
             mine = range(rank * nw // world, (rank + 1) * nw // world)
-            if bar is not None:
-                bar.total = (bar.total or 0) + len(mine)
-                bar.set_description(f"epoch {epoch} (rank 0 of {world})")
+            _bar_add(bar, len(mine), f"epoch {epoch} (rank 0 of {world})")
             # planned windows wait on disk for the file sizes (every rank's counts), not in
             # memory: a rank holds one window at a time, not its share of the epoch
             spill = writer.tmp / f".spill-epoch{epoch}-rank{rank}"
             spill.mkdir(exist_ok=True)
             counts_mine, last_left = [], None
-            tick = _Ticker(bar) if len(mine) == 1 else None
-            try:
+            with _Ticker(bar if len(mine) == 1 else None):
                 for i in mine:
                     part = plan_part(ew, cost, i)
                     _spill(spill / f"{i}.npz", part)
@@ -269,9 +282,6 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
                     del part
                     if bar is not None:
                         bar.update(1)
-            finally:
-                if tick is not None:
-                    tick.stop()
             own_last = len(mine) and mine[-1] == nw - 1
             mine_info = {"counts": counts_mine, "leftover": last_left if own_last else None}
             every = [None] * world
@@ -307,20 +317,11 @@ def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progr
             digest = {k: v for r in digests for k, v in r.items()}
             infos = {k: {"file": f"{k}.npy", "dtype": dt, "shape": [sizes[k]],
                          "sha256": digest[k]} for k, dt in store.ARRAYS.items()}
-            stats = _finish_stats(ew.stats, config, tot, time.perf_counter() - t0)
-            records.append(_epoch_record(epoch, infos, tot, stats, layout))
-            left = every[-1]["leftover"]
-            carry = left if config.tail == "carry" else None
+            run.done(epoch, ew, infos, tot, every[-1]["leftover"])
         status = [None]
         if rank == 0:
             try:
-                manifest = dict(store.plan_header(layout, config, cost, len(samples),
-                                                  samples.fingerprint(), samples.total_tokens),
-                                epochs=records, extra=extra or {},
-                                precompute={"workers": 1, "world_size": world,
-                                            "windows": n_windows,
-                                            "seconds": time.perf_counter() - t_all})
-                writer.commit(manifest)
+                writer.commit(run.manifest(cost, extra, 1, world))
             except Exception as e:  # tell the other ranks before raising
                 status[0] = f"{type(e).__name__}: {e}"
         dist.broadcast_object_list(status, src=src, group=group)
@@ -377,6 +378,13 @@ def _distributed(group):
     return dist if World.current(group).multi else None
 
 
+def _bar_add(bar, n: int, description: str) -> None:
+    """``n`` more windows on the progress ``bar`` (None: no bar), under ``description``."""
+    if bar is not None:
+        bar.total = (bar.total or 0) + n
+        bar.set_description(description)
+
+
 def _bar(progress: bool):
     if not progress:
         return None
@@ -405,3 +413,9 @@ class _Ticker:
         self.done.set()
         if self.thread is not None:
             self.thread.join()
+
+    def __enter__(self) -> "_Ticker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
