@@ -35,6 +35,9 @@ class SampleTable:
             lengths = lengths.copy() if lengths.flags.writeable else lengths.view(np.ndarray)
         lengths.setflags(write=False)
         object.__setattr__(self, "lengths", lengths)
+        # the fingerprint is kept once computed when the table owns its lengths (nobody can
+        # change them); a shared read-only array (a memory map) is hashed every time
+        object.__setattr__(self, "_fingerprint", None)
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
@@ -45,12 +48,17 @@ class SampleTable:
 
     def fingerprint(self) -> str:
         """SHA-256 (hex, 16 chars) of the lengths: identifies the dataset a plan was made for."""
+        if self._fingerprint is not None:
+            return self._fingerprint
         a = np.ascontiguousarray(self.lengths, dtype="<i8")  # no copy: lengths are int64
         h = hashlib.sha256()
         step = 1 << 22  # hashed in 32 MiB blocks: no copy of the corpus (was 8 B/sample)
         for lo in range(0, a.shape[0], step):
             h.update(a[lo:lo + step].data)
-        return h.hexdigest()[:16]
+        fp = h.hexdigest()[:16]
+        if self.lengths.flags.owndata:
+            object.__setattr__(self, "_fingerprint", fp)
+        return fp
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod

@@ -48,11 +48,13 @@ def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:
 
 
 def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
-               over_length: str) -> tuple[Items, dict]:
+               over_length: str, ordered: Optional[np.ndarray] = None) -> tuple[Items, dict]:
     """Items in stream order. A sample whose padded size exceeds the capacity raises (policy
     ``error``) or is cut into pieces of the largest size that fits (``chunk``). ``lengths``:
-    an array or a source read on demand (:func:`gather_lengths`)."""
-    ordered = gather_lengths(lengths, order)
+    an array or a source read on demand (:func:`gather_lengths`); ``ordered``: the lengths of
+    ``order`` when the caller has gathered them already (int64, not copied)."""
+    if ordered is None:
+        ordered = gather_lengths(lengths, order)
     unit = cp_pad_unit(cp)
     max_piece = (capacity // unit) * unit  # padded pieces must still fit
     if max_piece <= 0:
@@ -122,7 +124,8 @@ class EpochWindows:
     (:func:`gather_lengths`)."""
 
     def __init__(self, lengths: np.ndarray, layout: Layout, config: PlannerConfig, epoch: int,
-                 carry_in: Optional[Items] = None, block: int = 1 << 20):
+                 carry_in: Optional[Items] = None, block: int = 1 << 20,
+                 keep_ordered: bool = False):
         self.lengths, self.layout, self.config = lengths, layout, config
         self.epoch = epoch
         n = lengths.shape[0]
@@ -134,11 +137,18 @@ class EpochWindows:
         make_items(self.order_range(0, 0), lengths, layout.capacity, layout.cp,
                    config.over_length)
         tl, tl_len = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for lo in range(0, n, block):  # one pass over the order, a block at a time
-            ordered = gather_lengths(lengths, self.order_range(lo, lo + block))
+        # ``keep_ordered`` (the planner's whole-epoch stream, :func:`epoch_stream`): the order's
+        # lengths gathered at once and kept for the one items() call that covers them, which
+        # would gather the same array again; else a block at a time
+        self._ordered = None
+        whole = keep_ordered and not self.lazy and not config.window_samples
+        for lo in range(0, n, max(n, 1) if whole else block):  # one pass over the order
+            ordered = gather_lengths(lengths, self.order_range(lo, lo + (n if whole else block)))
             hit = np.flatnonzero(ordered > self.max_piece)
             tl.append(lo + hit)
             tl_len.append(ordered[hit])  # kept: a second gather would read scattered blocks
+            if whole:
+                self._ordered = ordered
         self.tl_pos = np.concatenate(tl)
         if self.tl_pos.size:  # raises the planner's own error under over_length='error'
             p = int(self.tl_pos[0])
@@ -188,8 +198,12 @@ class EpochWindows:
         if k1 > k0:
             p0 = self._position(k0)
             p1 = self._position(k1 - 1) + 1
+            ordered = None
+            if self._ordered is not None and p0 == 0 and p1 == self.lengths.shape[0]:
+                ordered, self._ordered = self._ordered, None  # used once: the stream's items
             it, _ = make_items(self.order_range(p0, p1), self.lengths, self.layout.capacity,
-                               self.layout.cp, self.config.over_length)
+                               self.layout.cp, self.config.over_length, ordered)
+            del ordered
             if (not self.lazy and lo == 0 and hi == self.n_items
                     and it.sample.base is not self.order):
                 self.order = None  # a one-window epoch: the order is not needed again
@@ -225,5 +239,6 @@ def epoch_stream(samples: SampleTable, cost: CostModel, layout: Layout, config: 
                  epoch: int = 0, carry_in: Optional[Items] = None,
                  sample_extra_cost: Optional[np.ndarray] = None) -> EpochStream:
     """The whole epoch's stream (see :class:`EpochWindows`)."""
-    return EpochWindows(samples.lengths, layout, config, epoch, carry_in).stream(
+    return EpochWindows(samples.lengths, layout, config, epoch, carry_in,
+                        keep_ordered=True).stream(
         cost, sample_extra_cost=sample_extra_cost)

@@ -38,3 +38,21 @@ def test_fingerprint_is_the_sha256_of_the_int64_bytes(tmp_path):
     assert SampleTable(a).fingerprint() == want  # hashed in blocks: the same digest
     np.save(tmp_path / "a.npy", a)
     assert SampleTable.from_npy(tmp_path / "a.npy").fingerprint() == want
+
+
+def test_fingerprint_is_kept_only_for_lengths_the_table_owns(tmp_path):
+    a = np.arange(1, 101, dtype=np.int64)
+    t = SampleTable(a)  # a copy the table owns: hashed once, the same digest after
+    assert t.fingerprint() == t.fingerprint() == SampleTable(a.copy()).fingerprint()
+    a[0] = 7  # the caller's array: not the table's
+    assert t.fingerprint() == SampleTable(np.arange(1, 101)).fingerprint()
+    # a read-only memory map is shared, not copied: hashed every time, so a file rewritten in
+    # place is seen
+    p = tmp_path / "l.npy"
+    np.save(p, np.arange(1, 101, dtype=np.int64))
+    m = SampleTable(np.load(p, mmap_mode="r"))
+    before = m.fingerprint()
+    w = np.load(p, mmap_mode="r+")
+    w[0] = 9
+    w.flush()
+    assert m.fingerprint() != before
