@@ -1,6 +1,7 @@
 """Spawned gloo ranks for the tools' trainers (``tools/train.py``, ``tools/train_cp.py``):
 start ``args.world`` processes in one group with a ``file://`` rendezvous, run a per-rank
-function, gather its records; the gradient sum over ranks; the tokenized dataset they read."""
+function, gather its records; the gradient sum over ranks; the tokenized dataset they read
+(:func:`write_documents` makes it, :func:`load_dataset` reads it)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,30 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def write_documents(folder, lengths, vocab: int, seed: int = 0) -> Path:
+    """Write ``folder/tokens.parquet`` (``input_ids`` list<int32>, ``length`` int64): one
+    learnable document per length, an arithmetic progression modulo ``vocab`` with its own
+    start and stride (seeded)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.shape[0]
+    rng = np.random.default_rng(seed)
+    start = np.repeat(rng.integers(0, vocab, n), lengths)
+    stride = np.repeat(rng.integers(1, 8, n), lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    pos = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    values = ((start + stride * pos) % vocab).astype(np.int32)
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                                            pa.array(values)),
+                      "length": pa.array(lengths)})
+    path = Path(folder) / "tokens.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
 
 
 def load_dataset(path: Path):

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from balancer.planning.warmup import warmup
-from tools.ranks import load_dataset, spawn_ranks, sum_grads  # noqa: F401 (train.load_dataset)
+from tools.ranks import (load_dataset, spawn_ranks, sum_grads,  # noqa: F401 (train.load_dataset)
+                         write_documents)
 from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum
 
 
@@ -111,26 +112,11 @@ def make_dataset(folder, workload: str, samples: int, scale: float, vocab: int,
                  seed: int = 0) -> Path:
     """Write ``folder/tokens.parquet`` (``input_ids`` list<int32>, ``length`` int64) with the
     lengths of ``workload`` times ``scale``. Documents are learnable: each is an arithmetic
-    progression modulo ``vocab`` with its own start and stride."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    progression modulo ``vocab`` with its own start and stride
+    (:func:`tools.ranks.write_documents`)."""
     from balancer import workloads
     lengths = np.maximum(1, np.round(workloads.load(workload, n=samples, seed=seed) * scale))
-    lengths = lengths.astype(np.int64)
-    rng = np.random.default_rng(seed)
-    start = np.repeat(rng.integers(0, vocab, samples), lengths)
-    stride = np.repeat(rng.integers(1, 8, samples), lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    pos = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
-    values = ((start + stride * pos) % vocab).astype(np.int32)
-    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                                            pa.array(values)),
-                      "length": pa.array(lengths)})
-    path = Path(folder) / "tokens.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
-    return path
+    return write_documents(folder, lengths.astype(np.int64), vocab, seed)
 
 
 def eval_batches(args) -> list[tuple]:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from balancer.planning.hybrid import HYBRID_DEFAULT_STRATEGY
+from tools.ranks import write_documents
 from tools.tiny_lm import add_model_args, token_loss_sum
 
 
@@ -255,27 +256,6 @@ def long_tail_lengths(n: int, rank_capacity: int, world: int, seed: int = 0,
     return np.where(rng.random(n) < long_fraction, long, short).astype(np.int64)
 
 
-def make_dataset(folder, lengths: np.ndarray, vocab: int, seed: int = 0) -> Path:
-    """``folder/tokens.parquet`` (``input_ids``, ``length``) of learnable documents of these
-    lengths (as :func:`tools.train.make_dataset`: arithmetic progressions modulo ``vocab``)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    n = lengths.shape[0]
-    rng = np.random.default_rng(seed)
-    start = np.repeat(rng.integers(0, vocab, n), lengths)
-    stride = np.repeat(rng.integers(1, 8, n), lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    pos = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
-    values = ((start + stride * pos) % vocab).astype(np.int32)
-    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                                            pa.array(values)),
-                      "length": pa.array(lengths)})
-    path = Path(folder) / "tokens.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
-    return path
-
-
 def run(args) -> dict:
     """Make the data, spawn the ranks, return (and write to ``--log``) the log."""
     if args.world % args.cp or args.cp & (args.cp - 1):
@@ -288,7 +268,7 @@ def run(args) -> dict:
             from balancer import workloads
             lengths = np.maximum(1, np.round(workloads.load(
                 args.workload, n=args.samples, seed=args.seed) * args.scale)).astype(np.int64)
-        args.data_path = str(make_dataset(folder, lengths, args.vocab, args.seed))
+        args.data_path = str(write_documents(folder, lengths, args.vocab, args.seed))
         import pyarrow.parquet as pq
         lengths = pq.read_table(args.data_path, columns=["length"])["length"].to_numpy()
         est = estimate_steps(args, lengths)   # also compiles the kernels before the ranks
