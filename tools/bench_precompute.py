@@ -126,20 +126,38 @@ def child_plan_epoch_memory(npy: str, window) -> dict:
             "rss_bytes_per_sample": rss / n}
 
 
-def child_open(out: str, verify: bool) -> dict:
-    """Run in a fresh process (imports done first): open a plan, read its first microbatch."""
+def child_open(out: str, verify) -> dict:
+    """Run in a fresh process (imports done first): open a plan, read its first microbatch;
+    seconds and peak extra resident memory (``tools/bench_verify.py`` too)."""
+    rss = PeakRSS()
+    rss.start()
     t0 = time.perf_counter()
     plan, _ = store.load_plan(out, 0, verify=verify)
-    mb = int(plan.microbatch_ids(0, 0)[0])
-    first = [int(s) for s in plan.microbatch_samples(mb)]
-    dt = time.perf_counter() - t0
-    return {"verify": verify, "seconds": dt, "first_microbatch_samples": len(first)}
+    first = plan.microbatch_samples(int(plan.microbatch_ids(0, 0)[0]))
+    return {"verify": verify, "seconds": time.perf_counter() - t0,
+            "rss_peak_extra_bytes": rss.extra(), "first_microbatch_samples": len(first)}
+
+
+def run_child(script: str, args: list[str]) -> dict:
+    """The JSON document the last line of ``python script *args`` prints."""
+    r = subprocess.run([sys.executable, os.path.abspath(script), *args], capture_output=True,
+                       text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _run_child(args: list[str]) -> dict:
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True,
-                       text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(__file__, args)
+
+
+def finish(args, res: dict, tmp: str) -> int:
+    """The figures to ``--json`` (when given); the scratch directory removed unless ``--dir``
+    named it."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    if not args.dir:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -224,12 +242,7 @@ def main(argv=None) -> int:
     res["plan_bytes"] = size
     print(f"  plan: {res['plan']['steps']:,} steps, {res['plan']['microbatches']:,} microbatches, "
           f"{size / 2**20:.0f} MiB on disk")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-    if not args.dir:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return finish(args, res, tmp)
 
 
 if __name__ == "__main__":

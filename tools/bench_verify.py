@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 from balancer import Layout, PlannerConfig, SampleTable, load_cost_model, workloads
 from balancer.store import plan_store as store
@@ -24,24 +21,16 @@ from balancer.store import verified
 from balancer.store.precompute import precompute
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_precompute import PeakRSS  # noqa: E402
+from bench_precompute import child_open, finish, run_child  # noqa: E402
 
 
-def child_open(out: str, verify: str) -> dict:
+def _child_open(out: str, verify: str) -> dict:
     v = {"true": True, "false": False}.get(verify, verify)
-    rss = PeakRSS()
-    rss.start()
-    t0 = time.perf_counter()
-    plan, _ = store.load_plan(out, 0, verify=v)
-    first = plan.microbatch_samples(int(plan.microbatch_ids(0, 0)[0]))
-    return {"verify": verify, "seconds": time.perf_counter() - t0,
-            "rss_peak_extra_bytes": rss.extra(), "first_microbatch_samples": len(first)}
+    return dict(child_open(out, v), verify=verify)
 
 
 def _child(*args) -> dict:
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args],
-                       capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(__file__, ["--child", *args])
 
 
 def main(argv=None) -> int:
@@ -54,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child_open(*args.child)))
+        print(json.dumps(_child_open(*args.child)))
         return 0
     tmp = args.dir or tempfile.mkdtemp(prefix="bench_verify_")
     os.makedirs(tmp, exist_ok=True)
@@ -81,12 +70,7 @@ def main(argv=None) -> int:
     for k, v in rows:
         print(f"  {k:<32} {v['seconds']:8.3f} s   peak extra RSS "
               f"{v['rss_peak_extra_bytes'] / 2**20:8.1f} MiB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-    if not args.dir:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return finish(args, res, tmp)
 
 
 if __name__ == "__main__":

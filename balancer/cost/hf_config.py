@@ -107,15 +107,12 @@ def _layer_types(r: _Reader, mt: str, n: int) -> list[str]:
     lt = r.cfg.get("layer_types")
     if lt is None:
         sw = r.cfg.get("sliding_window")
-        if mt in ("gemma2",):
+        if mt in ("gemma2", "gpt_oss"):
             lt = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
             r.defaults.append("layer_types=alternating sliding/full")
         elif mt == "gemma3_text":
             p = r.opt("sliding_window_pattern", 6)
             lt = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(n)]
-        elif mt == "gpt_oss":
-            lt = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
-            r.defaults.append("layer_types=alternating sliding/full")
         elif mt == "qwen3_next":
             p = r.opt("full_attention_interval", 4)
             lt = ["linear_attention" if (i + 1) % p else "full_attention" for i in range(n)]
