@@ -11,6 +11,8 @@ only when called, so ``balancer`` never needs them installed):
 * :mod:`balancer.integrations.hf_trainer` — :class:`~balancer.integrations.hf_trainer.PackedTrainerMixin`
   for ``transformers.Trainer`` and ``trl.SFTTrainer``: one optimizer step per planned global
   batch, the loss normalised by the plan's step token count;
+* :mod:`balancer.integrations.hf_epochs` — the mixin's epochs from the plan (run size, each
+  epoch's step count, ``resume_from_checkpoint`` mid-epoch);
 * :mod:`balancer.integrations.hf_eval` — ``trainer.evaluate()`` for the mixin: the eval set
   packed by a plan of its own, ``eval_loss`` the exact token mean;
 * :mod:`balancer.integrations.sync` — which ``Layout.sync`` a trainer needs (``step`` for DDP with

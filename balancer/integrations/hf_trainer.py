@@ -34,7 +34,8 @@ What the mixin changes, and why:
   grouping and its one optimizer step per group stay on the plan's steps;
 * ``resume_from_checkpoint`` resumes at the next planned step of the checkpoint's epoch, found
   from ``global_step`` and the plan (no batch is read to skip, with or without
-  ``ignore_data_skip``: both resume the uninterrupted run's sample stream);
+  ``ignore_data_skip``: both resume the uninterrupted run's sample stream); the epochs and
+  resuming live in :mod:`balancer.integrations.hf_epochs`;
 * ``evaluate()`` packs the eval set with a plan of its own and reports ``eval_loss`` as the
   exact token mean over every eval document (:mod:`balancer.integrations.hf_eval`);
 * at every epoch end it checks that the Trainer consumed every microbatch of the epoch (whole
@@ -49,8 +50,6 @@ What the mixin changes, and why:
 """
 from __future__ import annotations
 
-import inspect
-import math
 from typing import Optional
 
 import numpy as np
@@ -59,19 +58,12 @@ import torch
 from ..loader.collate import PackedCollator, PackedDataset
 from .accelerate import prepare_loader
 from .hf import model_inputs
+from .hf_epochs import _HOOKS, PackedEpochsMixin, _check_hooks  # noqa: F401 (importable here)
 from .hf_eval import PackedEvalMixin
 
 META = "balancer"
 #: dataset columns that carry a training signal (which tokens are trained)
 LOSS_COLUMNS = ("labels", "completion_mask", "assistant_masks")
-#: the Trainer's methods the epoch hooks wrap, with the parameters they pass on by name
-_HOOKS = {"_run_epoch": ("epoch", "steps_in_epoch", "num_update_steps_per_epoch",
-                         "resume_from_checkpoint", "epochs_trained"),
-          "_init_training_state": ("max_steps", "num_update_steps_per_epoch", "num_train_epochs",
-                                   "resume_from_checkpoint", "trial"),
-          "set_initial_training_values": ("args", "dataloader")}
-
-
 class StepPad(dict):
     """A placeholder batch in front of a step with fewer microbatches than
     ``gradient_accumulation_steps``: :meth:`PackedTrainerMixin.training_step` skips it (no
@@ -113,8 +105,11 @@ def causal_lm_loss(outputs, labels, num_items_in_batch=None):
     return total / torch.as_tensor(n, device=total.device).clamp(min=1)
 
 
-class PackedTrainerMixin(PackedEvalMixin):
-    """Mix in before ``Trainer`` (or ``SFTTrainer``); see the module docstring.
+class PackedTrainerMixin(PackedEpochsMixin, PackedEvalMixin):
+    """Mix in before ``Trainer`` (or ``SFTTrainer``); see the module docstring. The plan's
+    epochs and resuming are :class:`~balancer.integrations.hf_epochs.PackedEpochsMixin`'s,
+    ``evaluate()`` is :class:`~balancer.integrations.hf_eval.PackedEvalMixin`'s; this class
+    builds the loader, groups each planned step for the Trainer and times it.
     ``packed_history`` (list of the consumed microbatches' metadata) is kept when
     ``keep_history=True``; ``packed_eval_sampler`` packs the eval set for ``evaluate()``
     (default: planned from ``packed_sampler``'s cost and layout, see
@@ -140,10 +135,7 @@ class PackedTrainerMixin(PackedEvalMixin):
             # would ignore it (skip_prepare_dataset=True)
             kwargs["data_collator"] = self.packed_collate
         self.packed_history = [] if keep_history else None
-        self._packed_consumed: dict = {}  # epoch -> microbatches the Trainer consumed
-        self._packed_start: dict = {}  # epoch -> this rank's position the epoch started at
-        self._packed_steps: dict = {}  # epoch -> int64[n_steps] this rank's microbatches per step
-        self._packed_resume: Optional[tuple] = None  # (epoch, step) a checkpoint resumes at
+        self._packed_epochs_init()
         super().__init__(*args, **kwargs)
         layout = packed_sampler.layout
         ga = self.args.gradient_accumulation_steps
@@ -263,107 +255,6 @@ class PackedTrainerMixin(PackedEvalMixin):
                              f"where either mask is 0) or loss_mask_column=")
         return {**cols, "loss_mask_column": masks[0] if masks else None}
 
-    # ---- the plan's epochs ----------------------------------------------------------------
-    def packed_epoch_steps(self, epoch: int) -> np.ndarray:
-        """int64[n_steps]: this rank's microbatches in every planned step of ``epoch`` (equal
-        on every DP rank); the plan is built once and cached (the sampler does not move)."""
-        if epoch not in self._packed_steps:
-            s = self.packed_sampler
-            plan = s.plan if epoch == s.epoch else s._build(epoch)
-            if plan.n_steps == 0:
-                raise ValueError(f"epoch {epoch}'s plan has no step: nothing to train")
-            self._packed_steps[epoch] = np.asarray(plan.step_mbs, np.int64)
-        return self._packed_steps[epoch]
-
-    def _packed_locate(self, global_step: int) -> tuple[int, int]:
-        """(epoch, step in it) of the ``global_step``-th planned step (0-based)."""
-        epoch = 0
-        while global_step >= len(self.packed_epoch_steps(epoch)):
-            global_step -= len(self.packed_epoch_steps(epoch))
-            epoch += 1
-        return epoch, global_step
-
-    def set_initial_training_values(self, args, dataloader):
-        """The Trainer's run size from the plan: ``max_steps`` is the planned steps of the
-        epochs to run (``num_train_epochs``; a fraction takes that share of the last epoch's
-        steps), or ``args.max_steps`` over as many epochs as it reaches."""
-        (epochs, per_epoch, examples, train_samples, batch_size, steps_in_epoch,
-         max_steps) = super().set_initial_training_values(args, dataloader)
-        n = lambda e: len(self.packed_epoch_steps(e))  # noqa: E731
-        if args.max_steps > 0:
-            max_steps, total, epochs = args.max_steps, 0, 0
-            while total < max_steps:
-                total, epochs = total + n(epochs), epochs + 1
-        else:
-            whole = int(args.num_train_epochs)
-            frac = args.num_train_epochs - whole
-            max_steps = sum(n(e) for e in range(whole)) + (math.ceil(frac * n(whole)) if frac
-                                                           else 0)
-            epochs = math.ceil(args.num_train_epochs)
-        ga = args.gradient_accumulation_steps
-        return (epochs, n(0), examples, train_samples, batch_size, n(0) * ga, max_steps)
-
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs,
-                             resume_from_checkpoint, trial):
-        """A restored ``global_step`` is located in the plan's epochs (the Trainer would divide
-        it by the first epoch's length)."""
-        epochs_trained, skip = super()._init_training_state(
-            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
-            trial)
-        self._packed_resume = None
-        if resume_from_checkpoint is not None and self.state.global_step > 0:
-            epochs_trained, step = self._packed_locate(self.state.global_step)
-            self._packed_resume = (epochs_trained, step)
-            skip = 0 if self.args.ignore_data_skip else step * self.args.gradient_accumulation_steps
-        return epochs_trained, skip
-
-    def _run_epoch(self, **kw):
-        """One epoch with its own step count; a resumed epoch starts at its checkpoint's step
-        (the sampler is positioned there: nothing is read to be skipped)."""
-        epoch, ga = kw["epoch"], self.args.gradient_accumulation_steps
-        n = len(self.packed_epoch_steps(epoch))
-        start = 0
-        if (self._packed_resume is not None and self._packed_resume[0] == epoch
-                and kw.get("resume_from_checkpoint") is not None
-                and kw.get("epochs_trained") == epoch):
-            start = self._packed_resume[1]
-        self._packed_seek(epoch, start)
-        # without ignore_data_skip the Trainer counts the skipped steps itself (its
-        # get_resumed_dataloader is a no-op here); with it, it starts at 0: give it the rest
-        left = n - start if self.args.ignore_data_skip else n
-        kw.update(steps_in_epoch=left * ga, num_update_steps_per_epoch=left)
-        super()._run_epoch(**kw)
-        self._packed_check_epoch(epoch)
-
-    def _packed_seek(self, epoch: int, step: int) -> None:
-        """Put the sampler at ``epoch``'s ``step``-th planned step (through its own state, so
-        the Trainer's ``set_epoch(epoch)`` keeps the position)."""
-        s = self.packed_sampler
-        position = int(self.packed_epoch_steps(epoch)[:step].sum())
-        self._packed_start[epoch] = position
-        self._packed_consumed[epoch] = 0
-        if s.epoch != epoch or position:
-            s.set_epoch(epoch)
-            if position:
-                state = s.state_dict()
-                state["position"] = position
-                s.load_state_dict(state)
-
-    def get_resumed_dataloader(self, dataloader, num_batches):
-        """The sampler already stands at the checkpoint's step (:meth:`_run_epoch`): reading
-        ``num_batches`` batches to skip them would skip them twice."""
-        return dataloader
-
-    def _packed_check_epoch(self, epoch: int) -> None:
-        c = self.control
-        if c.should_training_stop or c.should_epoch_stop:
-            return  # stopped early: whole steps only (get_batch_samples), none mixed
-        got = self._packed_start.get(epoch, 0) + self._packed_consumed.get(epoch, 0)
-        n = int(self.packed_epoch_steps(epoch).sum())
-        if got != n:
-            raise RuntimeError(f"epoch {epoch}: the Trainer trained {got} of this rank's {n} "
-                               "microbatches")
-
     # ---- steps ----------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The microbatches of the next planned step (``num_batches`` is the Trainer's guess),
@@ -422,17 +313,3 @@ class PackedTrainerMixin(PackedEvalMixin):
 def _column_names(dataset) -> list:
     names = getattr(dataset, "column_names", None)
     return list(names) if isinstance(names, (list, tuple)) else []
-
-
-def _check_hooks(trainer_cls) -> None:
-    """The Trainer's private methods the epoch hooks wrap must take what they pass on."""
-    for name, params in _HOOKS.items():
-        fn = getattr(trainer_cls, name, None)
-        have = set(inspect.signature(fn).parameters) if fn is not None else set()
-        missing = [p for p in params if p not in have]
-        if missing:
-            import transformers
-            raise RuntimeError(
-                f"transformers {transformers.__version__}: Trainer.{name} "
-                f"{'is missing' if fn is None else f'lacks {missing}'}; PackedTrainerMixin's "
-                "epoch hooks were written for transformers 5.24-5.25")
