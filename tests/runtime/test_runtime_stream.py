@@ -3,25 +3,14 @@
 hypothesis property over row lengths (empty rows and rows as long as the capacity included),
 and a source read with workers (a StatefulDataLoader over a Hugging Face IterableDataset)."""
 import numpy as np
-import torch
 from hypothesis import given, settings, strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from balancer import CostModel, Layout
 from balancer.runtime import StreamingPackedDataset
+from tests.common.rows import ListRows
 
 CAP = 64
-
-
-class ListRows(torch.utils.data.IterableDataset):
-    """Rows of the given lengths, ids 0..n-1 (no state_dict: resumed by skipping)."""
-
-    def __init__(self, lengths):
-        self.lengths = list(lengths)
-
-    def __iter__(self):
-        for k, n in enumerate(self.lengths):
-            yield {"input_ids": list(range(1, n + 1)), "id": k}
 
 
 def _run(make, state=None, stop=None):

@@ -7,21 +7,12 @@ checkpoint and the key, never a bare KeyError or int() error."""
 import copy
 
 import pytest
-import torch
 
 from balancer import CostModel, Layout
 from balancer.runtime import StreamingPackedDataset
+from tests.common.rows import ListRows
 
 CAP = 64
-
-
-class ListRows(torch.utils.data.IterableDataset):
-    def __init__(self, lengths):
-        self.lengths = list(lengths)
-
-    def __iter__(self):
-        for k, n in enumerate(self.lengths):
-            yield {"input_ids": list(range(1, n + 1)), "id": k}
 
 
 def make():
