@@ -91,10 +91,7 @@ def _post_balance_kernel(costs, home, step_offsets, dp, slack, rank_out):
             i = order[t]
             r = hm[i]
             if load[r] + c[i] > target:
-                r = 0
-                for j in range(1, dp):
-                    if load[j] < load[r]:
-                        r = j
+                r = np.argmin(load)  # the least loaded rank, the first on ties
             g1[i] = r
             load[r] += c[i]
         m1 = load.max()
@@ -108,10 +105,7 @@ def _post_balance_kernel(costs, home, step_offsets, dp, slack, rank_out):
         load[:] = 0.0
         for t in range(k):
             i = order[t]
-            r = 0
-            for j in range(1, dp):
-                if load[j] < load[r]:
-                    r = j
+            r = np.argmin(load)
             g2[i] = r
             load[r] += c[i]
         m2 = _polish(c, g2, dp)
