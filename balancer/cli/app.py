@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .commands import COMMANDS
@@ -34,6 +35,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         return args._run(args)
+    except BrokenPipeError:  # `... | head`: the reader wants no more output, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141  # what a shell reports for a writer ended by SIGPIPE (128 + 13)
     except (ValueError, OSError) as e:  # bad input: one line naming the file / flag / sample
         from .args import as_flags  # the Python spelling of a config argument -> its flag
         msg = as_flags(" ".join(str(e).split("\n")))
