@@ -93,7 +93,8 @@ def add_workload_args(p: argparse.ArgumentParser, *, default_workload: str | Non
     config_flag(g, PlannerConfig, "global_batch_samples",
                 "samples per step instead of a token budget")
     g.add_argument("--cost-model", default="quadratic-64k",
-                   help="built-in name (quadratic-64k), preset in configs/models, or a YAML file")
+                   help="built-in name (quadratic-64k), preset in configs/models, a YAML file, "
+                        "or a Hugging Face config.json (docs/cost-models.md)")
     config_flag(g, PlannerConfig, "over_length",
                 "samples longer than the capacity: raise, or cut into pieces")
     config_flag(g, PlannerConfig, "max_delay", "most steps a sample may wait (default 4); with "

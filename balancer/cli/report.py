@@ -65,7 +65,7 @@ def _plan_cost_model(name: str | None, manifest: dict, plan: Plan) -> CostModel:
         return load_cost_model(cm)
     except ValueError as e:
         raise ValueError(f"{e}; the plan's cost model {cm!r} is not a known preset, give "
-                         f"--cost-model NAME|FILE.yaml") from None
+                         f"--cost-model NAME|FILE.yaml|config.json") from None
 
 
 def _read_loss_tokens(args) -> np.ndarray | None:

@@ -53,7 +53,8 @@ class PrecomputeJob(NoBoolNumbers):
     tokens_column: Optional[str] = Field(None, description="token-id column to measure when "
                                                            "there is no length column")
     num_proc: Optional[int] = Field(None, gt=0, description="processes measuring token columns")
-    cost_model: str = Field("quadratic-64k", description="cost model name, preset or YAML file")
+    cost_model: str = Field("quadratic-64k", description="cost model name, preset, YAML file or "
+                            "Hugging Face config.json")
     epochs: int = Field(1, ge=1, le=MAX_COUNT,
                         description="epochs planned into the one plan directory")
     workers: int = Field(1, ge=1, description="planning processes on this machine")
