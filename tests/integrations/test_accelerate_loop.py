@@ -20,8 +20,8 @@ from integration_helpers import (VOCAB, max_grad_diff, reference_step_grads,  # 
                                  tiny_llama)
 
 
-def _setup(seed=2, **cfg):
-    lengths = np.random.default_rng(seed).integers(1, 60, 60)
+def _setup(seed=2, n=60, **cfg):
+    lengths = np.random.default_rng(seed).integers(1, 60, n)
     layout = Layout(dp=1, microbatches=2, capacity=128)
     samples, cost = SampleTable(lengths), CostModel.quadratic(4096)
     config = PlannerConfig(seed=seed, **cfg)
@@ -147,3 +147,68 @@ def test_skipped_prefix_and_resume_are_not_refused(workers):
     again.load_state_dict(state)
     assert head == list(range(5))
     assert [int(b["position"]) for b in again] == list(range(5, len(sampler)))
+
+
+def _set_epoch_and_restore_ranks(rank, world, out):
+    """Each of 2 processes: set_epoch(2) after prepare_loader, the next pass without one, and a
+    mid-epoch checkpoint (state_dict(after=batch), through JSON) restored in a fresh sampler
+    after prepare_loader, with 0 and 2 workers."""
+    import json
+    from pathlib import Path
+
+    from accelerate import Accelerator
+    samples, cost, _, config, ds = _setup(n=80)
+    layout = Layout(dp=world, microbatches=2, capacity=128)
+    acc = Accelerator(cpu=True)
+    res = {}
+    for workers in (0, 2):
+        def loader(s):
+            return prepare_loader(acc, torch.utils.data.DataLoader(
+                PackedDataset(ds), batch_sampler=s, collate_fn=PackedCollator(),
+                num_workers=workers))
+
+        def keys(batches):
+            return [(int(b["epoch"]), int(b["position"]), b["sample_ids"].tolist())
+                    for b in batches]
+        ref = PackedBatchSampler(samples, cost, layout, config)
+
+        def planned(epoch):
+            ref.set_epoch(epoch)
+            return [(epoch, p, list(map(int, ref.ref(p)))) for p in range(len(ref))]
+        s = PackedBatchSampler(samples, cost, layout, config)
+        dl = loader(s)
+        s.set_epoch(2)
+        epoch2, following = keys(dl), keys(dl)
+        s1 = PackedBatchSampler(samples, cost, layout, config)
+        dl1 = loader(s1)
+        s1.set_epoch(1)
+        head, state = [], None
+        for b in dl1:
+            head += keys([b])
+            if len(head) == 3:
+                state = json.loads(json.dumps(s1.state_dict(after=b)))
+                break
+        s2 = PackedBatchSampler(samples, cost, layout, config)
+        dl2 = loader(s2)  # the restore comes after prepare_loader
+        s2.load_state_dict(state)
+        s2.set_epoch(1)
+        res[workers] = {"epoch2": epoch2 == planned(2),
+                        "following": sorted({k[0] for k in following}),
+                        "resumed": head + keys(dl2) == planned(1)}
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(res))
+
+
+@pytest.mark.slow
+def test_set_epoch_and_restore_two_processes(tmp_path):
+    """Issue 29 item 5 in 2 gloo processes with 0 and 2 workers: every rank trains epoch 2
+    after set_epoch(2), moves on to epoch 3 when nobody sets one, and resumes a mid-epoch
+    checkpoint restored after prepare_loader exactly (17 s on 2 cores)."""
+    import json
+
+    from tests.common.gloo import run_ranks
+    run_ranks(_set_epoch_and_restore_ranks, 2, tmp_path, torchrun_env=True, timeout_s=300)
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for workers in ("0", "2"):
+            assert r[workers] == {"epoch2": True, "following": [3], "resumed": True}, \
+                (rank, workers, r[workers])
