@@ -50,18 +50,22 @@ class _Counter:
         self.tokenizer, self.text_column = tokenizer, text_column
         self.length_column, self.add_special_tokens = length_column, add_special_tokens
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict, indices: Optional[list] = None) -> dict:
         return {self.length_column: count_tokens(self.tokenizer, batch[self.text_column],
-                                                 add_special_tokens=self.add_special_tokens)}
+                                                 add_special_tokens=self.add_special_tokens,
+                                                 rows=indices, column=self.text_column)}
 
 
-def count_tokens(tokenizer, texts: list, *, add_special_tokens: bool = True) -> list[int]:
+def count_tokens(tokenizer, texts: list, *, add_special_tokens: bool = True,
+                 rows: Optional[list] = None, column: str = "text") -> list[int]:
     """Token counts of ``texts`` (a list of strings) under ``tokenizer``; a text that is not a
-    string (None, a number) is an error naming its position."""
+    string (None, a number) is an error naming its sample (``rows``: the dataset row of each
+    text; default its position in ``texts``)."""
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise ValueError(f"text {i} of the batch is {type(t).__name__} {t!r:.40}, not a "
-                             f"string")
+            row = i if rows is None else int(rows[i])
+            raise ValueError(f"sample {row}: text column {column!r} holds {type(t).__name__} "
+                             f"{t!r:.40}, not a string")
     texts = list(texts)
     if _is_tokenizers(tokenizer):  # a tokenizers.Tokenizer
         enc = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
@@ -102,7 +106,8 @@ def token_lengths(ds, tokenizer, text_column: str = "text", *,
     if not progress:
         datasets.disable_progress_bar()
     try:
-        return ds.map(counter, batched=True, batch_size=batch_size, num_proc=num_proc,
+        return ds.map(counter, batched=True, with_indices=True, batch_size=batch_size,
+                      num_proc=num_proc,
                       features=features, desc=f"counting tokens of {text_column!r}")
     finally:
         if was and not progress:

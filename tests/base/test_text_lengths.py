@@ -93,7 +93,7 @@ def test_errors_name_the_route():
     with pytest.raises(ValueError, match="not both"):
         SampleTable.from_dataset(ds, tokens_column="x", tokenizer=split_tokenizer)
     bad = datasets.Dataset.from_dict({"text": ["a b", None, "c"]})
-    with pytest.raises(ValueError, match="text 1 of the batch is NoneType"):
+    with pytest.raises(ValueError, match="sample 1: text column .text. holds NoneType"):
         SampleTable.from_dataset(bad, tokenizer=split_tokenizer)
     empty = datasets.Dataset.from_dict({"text": ["a b", ""]})
     with pytest.raises(ValueError, match="sample 1: length 0"):
@@ -120,3 +120,14 @@ def test_cli_lengths_writes_npy_and_dataset_then_precompute_reads_them(tmp_path,
                      "--microbatches", "2", "--out", str(out), "--no-progress"]) == 0
     assert main(["lengths", "--dataset", str(src), "--tokenizer", str(tok_dir)]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("num_proc", [None, 2])
+def test_a_text_that_is_not_a_string_names_its_sample(num_proc):
+    # was: "text 3 of the batch is NoneType None" for row 1003 (batches of 1000)
+    texts = _texts(1500)
+    texts[1003] = None
+    ds = datasets.Dataset.from_dict({"text": texts})
+    from balancer.text_lengths import text_lengths
+    with pytest.raises(ValueError, match="sample 1003: text column 'text' holds NoneType None"):
+        text_lengths(ds, split_tokenizer, num_proc=num_proc, progress=False)
