@@ -117,7 +117,7 @@ def resume(a):
         refused = str(e)
     print(f"a sync='step' checkpoint loaded by a sync='microbatch' sampler: "
           f"{'refused: ' + refused if refused else 'ACCEPTED'}")
-    if refused is None or "layout" not in refused:
+    if refused is None or "differs in sync" not in refused:
         raise SystemExit("a checkpoint of another sync was not refused")
     report(example="sync_balance", resumed=True, dp=a.dp, microbatches=a.microbatches,
            samples=a.samples or 4000, sync=figures, other_sync_refused=True,

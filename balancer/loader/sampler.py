@@ -362,7 +362,8 @@ class PackedBatchSampler(Replanning, Sampler):
         for key, value in mine.items():
             if state[key] != value:
                 raise ValueError(f"cannot resume: the checkpoint's {key} is {state[key]!r} but "
-                                 f"this sampler's is {value!r}")
+                                 f"this sampler's is {value!r}"
+                                 + (_layout_diff(state[key], value) if key == "layout" else ""))
         epoch = int(state["epoch"])
         c = state["carry_in"]
         if self._source is None:  # epoch 0 never has a carry; later ones come from the state
@@ -383,6 +384,18 @@ class PackedBatchSampler(Replanning, Sampler):
                                  f"here but {state['plan_fingerprint']} in the checkpoint "
                                  f"(different strategy, cost model, config or data)")
         self.cursor.restore(epoch, int(state["position"]), same_plan)
+
+
+def _layout_diff(saved, mine) -> str:
+    """``" (differs in sync: 'step' in the checkpoint, 'microbatch' here)"``: the layout fields
+    that differ, a field left out of a dump (its default) read as the default."""
+    if not isinstance(saved, dict):
+        return ""
+    fields = Layout.model_fields
+    get = lambda d, k: d.get(k, fields[k].default if k in fields else None)  # noqa: E731
+    diff = [f"{k}: {get(saved, k)!r} in the checkpoint, {get(mine, k)!r} here"
+            for k in dict.fromkeys([*saved, *mine]) if get(saved, k) != get(mine, k)]
+    return f" (differs in {'; '.join(diff)})" if diff else ""
 
 
 __all__ = ["MicrobatchRef", "PackedBatchSampler", "epoch_number", "rank_coordinates"]

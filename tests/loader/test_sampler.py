@@ -247,6 +247,24 @@ def test_mismatched_resume_is_refused(change, match):
         r.load_state_dict(state)
 
 
+def test_a_layout_mismatch_names_the_field():
+    """A checkpoint of a sync="step" (DDP) job loaded by a sync="microbatch" (FSDP) sampler is
+    refused naming the field that differs and both values (the message showed the two layout
+    dicts, the default sync left out of one of them)."""
+    L = lengths()
+    s = PackedBatchSampler(SampleTable(L), COST, Layout(dp=2, microbatches=2, capacity=1024),
+                           PlannerConfig(over_length="chunk"), dp_rank=0)
+    next(iter(s))
+    r = PackedBatchSampler(SampleTable(L), COST,
+                           Layout(dp=2, microbatches=2, capacity=1024, sync="microbatch"),
+                           PlannerConfig(over_length="chunk"), dp_rank=0)
+    with pytest.raises(ValueError, match=r"layout.*differs in sync: 'step' in the checkpoint, "
+                                         r"'microbatch' here"):
+        r.load_state_dict(s.state_dict())
+    with pytest.raises(ValueError, match=r"differs in dp: 2 in the checkpoint, 3 here"):
+        make(L, dp=3).load_state_dict(make(L).state_dict())
+
+
 def test_resume_on_other_dataset_is_refused():
     s = make(lengths())
     r = make(lengths(seed=1))
