@@ -68,7 +68,7 @@ class Layout(NoBoolNumbers):
                              f"{self.dp * self.microbatches} microbatches per step exceeds the "
                              f"limit 2**20 ({MAX_COUNT})")
         if self.cp_mode == "hybrid" and self.rank_capacity is None:
-            raise ValueError("cp_mode 'hybrid' needs rank_capacity (the tokens one rank holds in "
+            raise ValueError("cp_mode='hybrid' needs rank_capacity (the tokens one rank holds in "
                              "one microbatch round)")
         if self.rank_capacity is not None and self.capacity != self.cp * self.rank_capacity:
             raise ValueError(f"capacity {self.capacity} must be cp x rank_capacity = {self.cp} x "

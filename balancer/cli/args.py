@@ -30,6 +30,8 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
 #: a config argument with a string value as Python writes it: ``over_length='chunk'`` (numbers
 #: such as ``cp=2`` describe a layout and stay as they are)
 _PY_ARGUMENT = re.compile(r"\b(" + "|".join(FLAGS) + r")=(['\"])([\w.-]+)\2")
+#: a config field a setting asks for: ``needs rank_capacity``
+_NEEDS_FIELD = re.compile(r"\bneeds (" + "|".join(FLAGS) + r")\b")
 
 
 def as_flags(message: str) -> str:
@@ -39,7 +41,8 @@ def as_flags(message: str) -> str:
     def flag(m):
         f = FLAGS[m.group(1)]
         return m.group(0) if f in message else f"{f} {m.group(3)}"
-    return _PY_ARGUMENT.sub(flag, message)
+    message = _PY_ARGUMENT.sub(flag, message)
+    return _NEEDS_FIELD.sub(lambda m: f"needs {FLAGS[m.group(1)]}", message)
 
 
 #: every registered strategy, in registry order (balancer.strategies.registry.STRATEGY_MODULES)
