@@ -32,7 +32,15 @@ def main(argv=None) -> int:
         sp = sub.add_parser(name, help=help_, description=help_)
         add(sp)
         sp.set_defaults(_run=run)
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        lengths = getattr(args, "lengths", None)
+        if lengths and all(os.path.exists(x) for x in extra):
+            # `--lengths shards/*.npy` unquoted: the shell expanded the glob into many files
+            p.error(f"--lengths takes one value, got {lengths} and {len(extra)} more files "
+                    f"({extra[0]}, ...): quote the glob (--lengths 'shards/*.npy') so the "
+                    f"shell does not expand it, or give the directory or a comma list")
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args._run(args)
     except BrokenPipeError:  # `... | head`: the reader wants no more output, not an error
