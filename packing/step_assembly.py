@@ -182,6 +182,11 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
             if tail != "partial":
                 return pool
             if not builder.step_mbs or guard > 4:
+                # the steps around cannot be re-planned into whole steps (the items near the
+                # end go alone, an odd count of them): put the few left into microbatches of
+                # the emitted steps that have room (issue 26 item 3; this raised before)
+                if _place_in_room(builder, pool, pool_delay, sizes, costs, capacity, rank_units):
+                    return np.zeros(0, np.int64)
                 raise ValueError(
                     f"{pool.shape[0]} items cannot be spread over {dp} DP ranks: every rank "
                     f"needs at least one item per step; use tail='carry' or 'drop'"
@@ -227,6 +232,87 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
         builder.emit(out, counts, pool_delay[idx])
         pool, pool_delay = pool[rest], pool_delay[rest] + 1
     return np.zeros(0, np.int64)
+
+
+#: how many emitted steps back the last resort of a 'partial' tail looks (:func:`_place_in_room`)
+ROOM_STEPS = 64
+
+
+def _emitted_steps(builder, last: int) -> list:
+    """The builder's last ``last`` steps as lists (per step, per microbatch) of
+    ``[item, delay]``."""
+    out = []
+    k = builder.n - sum(int(c.sum()) for c in builder.mb_counts[-last:]) if last else builder.n
+    for counts in builder.mb_counts[len(builder.mb_counts) - last:]:
+        mbs = []
+        for c in counts.tolist():
+            mbs.append([[int(builder.entry_item[k + q]), int(builder.entry_delay[k + q])]
+                        for q in range(c)])
+            k += c
+        out.append(mbs)
+    return out
+
+
+def _reemit(builder, steps, last: int) -> None:
+    """Replace the builder's last ``last`` steps by ``steps``."""
+    for _ in range(last):
+        builder.pop()
+    for mbs in steps:
+        flat = [e for mb in mbs for e in mb]
+        builder.emit(np.array([i for i, _ in flat], np.int64),
+                     np.array([len(mb) for mb in mbs], np.int64),
+                     np.array([d for _, d in flat], np.int32))
+
+
+def _place_in_room(builder, pool, pool_delay, sizes, costs, capacity, rank_units) -> bool:
+    """Last resort of a 'partial' tail whose last items go alone and are fewer than the ranks
+    (issue 26 item 3; this raised before): put every item of ``pool`` (pool order) into a
+    microbatch of an emitted step (of the last :data:`ROOM_STEPS`) with room for it, the latest
+    step with room, there the
+    microbatch of the rank with the least cost (microbatch units: the cheapest microbatch),
+    the first on ties; its delay minus the steps it went back. Else, when no microbatch has
+    room, take the cheapest item of a microbatch holding two or more (latest step first, its
+    delay plus the steps it moves on) until the pool fills one final step of one microbatch
+    per rank. All or nothing: False (the builder untouched) when neither can."""
+    n, dp = min(ROOM_STEPS, len(builder.step_mbs)), builder.dp
+    steps = _emitted_steps(builder, n)
+    placed = True
+    for it, d in zip(pool.tolist(), pool_delay.tolist()):
+        for t in range(n - 1, -1, -1):
+            mbs = steps[t]
+            load = np.array([sum(int(sizes[i]) for i, _ in mb) for mb in mbs])
+            room = np.flatnonzero(load + int(sizes[it]) <= capacity)
+            if room.shape[0] == 0:
+                continue
+            cost = np.array([sum(float(costs[i]) for i, _ in mb) for mb in mbs])
+            if rank_units:
+                per = len(mbs) // dp
+                key = np.add.reduceat(cost, np.arange(0, len(mbs), per))[room // per]
+            else:
+                key = cost[room]
+            mbs[int(room[np.argmin(key)])].append([it, d - (n - t)])
+            break
+        else:
+            placed = False
+            break
+    if placed:
+        _reemit(builder, steps, n)
+        return True
+    steps = _emitted_steps(builder, n)
+    final = [[[it, d]] for it, d in zip(pool.tolist(), pool_delay.tolist())]
+    for t in range(n - 1, -1, -1):
+        while len(final) < dp:
+            donors = [(float(costs[e[0]]), b, q) for b, mb in enumerate(steps[t])
+                      if len(mb) >= 2 for q, e in enumerate(mb)]
+            if not donors:
+                break
+            _, b, q = min(donors)
+            it, d = steps[t][b].pop(q)
+            final.append([[it, d + (n - t)]])
+        if len(final) == dp:
+            _reemit(builder, steps + [final], n)
+            return True
+    return False
 
 
 def _check_common(sizes, dp, m, capacity, tail):

@@ -100,7 +100,7 @@ def plan_epoch(samples: SampleTable, cost: CostModel, layout: Layout,
     t0 = time.perf_counter()
     stream = epoch_stream(samples, cost, layout, config, epoch, carry_in,
                           sample_extra_cost=sample_extra_cost)
-    wins = stream.windows(config)
+    wins = stream.windows(config, layout.dp)
     sp = merge_windows(plan_window(stream, layout, config, lo, hi, i == len(wins) - 1)
                        for i, (lo, hi) in enumerate(wins))
     plan = build_plan(samples, cost, layout, config, epoch, stream, sp)
@@ -124,7 +124,7 @@ def plan_epoch_windows(samples: SampleTable, window_cost: Callable[[int], CostMo
     t0 = time.perf_counter()
     base = window_cost(0)
     stream = epoch_stream(samples, base, layout, config, epoch, carry_in)
-    wins = stream.windows(config)
+    wins = stream.windows(config, layout.dp)
     models = [base] + [window_cost(i) for i in range(1, len(wins))]
     for (lo, hi), m in zip(wins, models):
         if m != base:  # the balanced cost of the window's items under its own model

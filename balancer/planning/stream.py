@@ -101,16 +101,20 @@ class EpochStream:
     stats: dict
     costs: np.ndarray
 
-    def windows(self, config: PlannerConfig) -> list[tuple[int, int]]:
+    def windows(self, config: PlannerConfig, dp: int = 1) -> list[tuple[int, int]]:
         """``[lo, hi)`` item ranges planned independently (one range unless windowed)."""
-        return window_ranges(len(self.items), config)
+        return window_ranges(len(self.items), config, dp)
 
 
-def window_ranges(k: int, config: PlannerConfig) -> list[tuple[int, int]]:
+def window_ranges(k: int, config: PlannerConfig, dp: int = 1) -> list[tuple[int, int]]:
     """The ``[lo, hi)`` ranges of ``config.window_samples`` items (one range unless windowed)
-    that cut a stream of ``k`` items."""
+    that cut a stream of ``k`` items. A last range of fewer items than the ``dp`` ranks (which
+    no step can spread over them) joins the range before it (issue 26 item 3)."""
     w = config.window_samples or k
-    return [(lo, min(lo + w, k)) for lo in range(0, k, w)] or [(0, 0)]
+    out = [(lo, min(lo + w, k)) for lo in range(0, k, w)] or [(0, 0)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] < dp:
+        out[-2:] = [(out[-2][0], out[-1][1])]
+    return out
 
 
 class EpochWindows:
@@ -162,7 +166,7 @@ class EpochWindows:
         self.n_items = self.n_carry + n + int(self.extra_before[-1])
         self.stats = {"samples_chunked": int(self.tl_pos.size),
                       "pieces_added": int(self.extra_before[-1]), "carried_in": self.n_carry}
-        self.windows = window_ranges(self.n_items, config)
+        self.windows = window_ranges(self.n_items, config, layout.dp)
 
     def order_range(self, lo: int, hi: int) -> np.ndarray:
         """The samples at order positions ``[lo, hi)`` (int64[hi - lo])."""

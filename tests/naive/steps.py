@@ -232,6 +232,59 @@ def _by_delay_then_cost(pool, delay, costs):
     return pool[o], delay[o]
 
 
+def _place_in_room(steps, pool, delay, sizes, costs, capacity, rank_units):
+    """The few items no step can take (fewer than the ranks) go into emitted microbatches with
+    room: the latest step with room, there the least-cost rank's (or the cheapest) microbatch
+    with room, first on ties; delay minus the steps gone back. Without room anywhere, the
+    cheapest items of microbatches holding two or more (latest step first; delay plus the
+    steps moved on) join them in a final step of one microbatch per rank. All or nothing."""
+    back = max(0, len(steps.steps) - 64)  # the last 64 steps (packing.step_assembly.ROOM_STEPS)
+    keep = steps.steps[:back]
+    new = [[list(mb) for mb in mbs] for mbs in steps.steps[back:]]
+    n, dp = len(new), steps.dp
+    ok = True
+    for it, d in zip(pool.tolist(), delay.tolist()):
+        placed = False
+        for t in reversed(range(n)):
+            mbs = new[t]
+            per = len(mbs) // dp
+            fits = [b for b, mb in enumerate(mbs)
+                    if sum(int(sizes[i]) for i, _ in mb) + int(sizes[it]) <= capacity]
+            if not fits:
+                continue
+
+            def key(b):
+                if rank_units:
+                    r = b // per
+                    return sum(float(costs[i]) for mb in mbs[r * per:(r + 1) * per] for i, _ in mb)
+                return sum(float(costs[i]) for i, _ in mbs[b])
+            b = min(fits, key=lambda b: (key(b), b))
+            mbs[b].append((it, d - (n - t)))
+            placed = True
+            break
+        if not placed:
+            ok = False
+            break
+    if ok:
+        steps.steps = keep + new
+        return True
+    new = [[list(mb) for mb in mbs] for mbs in steps.steps[back:]]
+    final = [[(it, d)] for it, d in zip(pool.tolist(), delay.tolist())]
+    for t in reversed(range(n)):
+        while len(final) < dp:
+            donors = [(float(costs[e[0]]), b, q) for b, mb in enumerate(new[t]) if len(mb) >= 2
+                      for q, e in enumerate(mb)]
+            if not donors:
+                break
+            _, b, q = min(donors)
+            it, d = new[t][b].pop(q)
+            final.append([(it, d + (n - t))])
+        if len(final) == dp:
+            steps.steps = keep + new + [final]
+            return True
+    return False
+
+
 def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_units, balance,
                 pp=1):
     """The items left when the stream is read: steps of the fewest microbatches per rank they
@@ -253,6 +306,8 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
         if tail != "partial":
             return pool
         if not steps.steps or merges > 4:
+            if _place_in_room(steps, pool, delay, sizes, costs, capacity, rank_units):
+                return np.zeros(0, np.int64)
             raise ValueError(f"{len(pool)} items cannot be spread over {dp} DP ranks: every rank "
                              f"needs at least one item per step; use tail='carry' or 'drop'")
         merges += 1

@@ -1,5 +1,6 @@
 """The compiled ``balanced`` planner equals its plain-numpy reference step for step."""
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from packing.stream import plan_balanced
@@ -195,3 +196,36 @@ def test_tail_with_fewer_microbatches_equals_reference(p, rank_units, pp, adv):
     b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
     for f in a._fields:
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_feasible_tail_is_planned_not_refused():
+    # Regression (issue 26 item 3): the last items of a stream go alone (no two share a
+    # microbatch) and are fewer than the ranks; re-planning the steps before with them only
+    # ping-ponged until the guard ("1 items cannot be spread over 2 DP ranks"), though an
+    # emitted microbatch had room for the item. It now goes there (or, without room anywhere,
+    # the cheapest item of a microbatch of two or more joins it in a final step).
+    sizes = np.array([31, 12, 10, 10, 7, 12, 3, 13, 55, 64, 38, 22, 61, 6, 1, 55, 14, 26, 2, 1,
+                      60, 1, 26, 35, 46, 44, 37, 38, 33])
+    costs = sizes + sizes.astype(float) ** 2 / 4096
+    dp, m, cap = 2, 1, 64
+    for ru in (True, False):
+        kw = dict(rank_units=ru, max_advance=6, tail="partial")
+        a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+        b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+        for f in a._fields:
+            assert np.array_equal(getattr(a, f), getattr(b, f)), f
+        assert np.array_equal(np.sort(a.entry_item), np.arange(sizes.shape[0]))
+        assert a.leftover.shape[0] == 0
+        assert (np.diff(a.mb_offsets) > 0).all()
+        assert np.add.reduceat(sizes[a.entry_item], a.mb_offsets[:-1]).max() <= cap
+        assert (a.step_mbs >= 1).all() and (a.step_mbs <= m).all()
+        assert a.mb_offsets.shape[0] - 1 == int(a.step_mbs.sum()) * dp
+
+
+def test_an_infeasible_tail_is_still_refused_by_name():
+    # 5 items of which no two share a microbatch of 2048 tokens: every step of 2 ranks holds an
+    # even number of microbatches, so no plan exists with tail='partial'
+    sizes = np.array([1813, 1813, 600, 1600, 1600])
+    costs = sizes.astype(float)
+    with pytest.raises(ValueError, match="tail='carry'"):
+        plan_balanced(sizes, costs, 2, 2, 2048, 8192, 4, rank_units=True, tail="partial")

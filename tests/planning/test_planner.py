@@ -232,3 +232,32 @@ def test_hybrid_layout_is_refused_by_the_fixed_planner(tmp_path):
     # the same layout in fixed mode plans
     fixed = lay.model_copy(update={"cp_mode": "fixed"})
     assert plan_epoch(samples, COST, fixed).n_steps >= 1
+
+
+def test_small_windows_plan_every_sample():
+    # Regression (issue 26 item 3): windows of 200 samples (tools/train.py --calibrate-online's)
+    # whose last items go alone and are fewer than the ranks were refused ("1 items cannot be
+    # spread over 2 DP ranks"; before that "the last 3 items fit neither one step of 2 ranks x
+    # 1 microbatches nor two steps"), as on the synthetic pareto workload here
+    from balancer import workloads
+    lengths = workloads.load("pareto", n=4000, seed=0)
+    layout = Layout(dp=2, microbatches=2, capacity=2048)
+    for window in (100, 200):
+        plan = plan_epoch(SampleTable(lengths), COST, layout,
+                          PlannerConfig(strategy="balanced", seed=0, max_delay=4,
+                                        over_length="chunk", window_samples=window))
+        assert_valid(plan, lengths, strict_delay=False)
+        assert plan.leftover.sample.shape[0] == 0
+
+
+def test_a_last_window_smaller_than_the_ranks_joins_the_window_before():
+    # Regression (issue 26 item 3): windows cut the epoch's items every window_samples, and a
+    # last window of fewer items than DP ranks was refused ("1 samples cannot fill 2 DP
+    # ranks"): tools/train.py --window-samples 37 or 109 on its default 4000 documents
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 300, 17)
+    layout = Layout(dp=2, microbatches=2, capacity=512)
+    for strategy in STRATEGIES:
+        config = PlannerConfig(strategy=strategy, seed=0, window_samples=8)
+        plan = plan_epoch(SampleTable(lengths), COST, layout, config)
+        assert_valid(plan, lengths)
