@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     a, b = on["online_calibration"], off["online_calibration"]
     res = {"steps": args.steps, "refit_every": args.refit_every, "clock": args.online_clock,
            "online": {k: a[k] for k in ("prediction_error_first", "prediction_error_last",
-                                        "target_met_at_step", "ranks_agree",
+                                        "target_met_at_step", "ranks_agree", "first_window",
                                         "imbalance_measured_last10", "imbalance_measured_steady",
                                         "compute_imbalance_last10",
                                         "prediction_error_by_window")},

@@ -115,6 +115,7 @@ class OnlineCalibrator:
         refits = sampler.refits
         self.model: CostModel = refits[-1][2] if refits else sampler.cost
         self.scale: Optional[float] = 1.0 if self.model.unit == "seconds" else None
+        self.first_scale: Optional[float] = self.scale  # the factor the first window was scored with
         self.group = group
         self.world = World.current(group)
         self.jsonl = Path(jsonl) if jsonl else None
@@ -191,6 +192,7 @@ class OnlineCalibrator:
             use = np.asarray(self.obs.step)[idx] >= self.config.skip_steps
             use = use if use.any() else np.ones_like(use)
             self.scale = float(np.median(y[use] / pred[use]))
+            self.first_scale = self.scale
         return pred * self.scale
 
     def _step_records(self, first: int, n_ranks: int) -> list[dict]:
@@ -289,8 +291,26 @@ class OnlineCalibrator:
         # the closed loop's target (issue 26): at most 10% and under half the first window's
         met = [w["steps"][1] for w in windows[1:]
                if w["prediction_error"] <= 0.10 and w["prediction_error"] < first / 2]
+        # what the first figure is: the model the first steps were planned with (before any
+        # refit); a model not in seconds is put in seconds by one factor fitted on the very
+        # microbatches it is scored on, so only its shape is scored (a lower bound of its error
+        # under any factor). The last refit model on the same microbatches is the clock's noise.
+        first_window = None
+        if windows:
+            m0 = (steps >= max(0, skip)) & (steps < k)
+            idx = np.flatnonzero(m0)
+            first_window = {
+                "model": self.template.name, "unit": self.template.unit,
+                "seconds_per_unit": self.first_scale,
+                "scale": "none (seconds)" if self.template.unit == "seconds"
+                else "fitted in-sample",
+                "prediction_error_final_model":
+                    _median_error(predict_total(self.model, *self._csr(idx)) *
+                                  (1.0 if self.model.unit == "seconds" else self.scale), y[idx])
+                    if idx.size else None}
         return {
             "every": k, "skip_steps": skip, "template": self.template.name,
+            "first_window": first_window,
             "prediction_error_first": windows[0]["prediction_error"] if windows else None,
             "prediction_error_last": windows[-1]["prediction_error"] if windows else None,
             "prediction_error_by_window": windows,

@@ -168,6 +168,13 @@ def test_calibrator_recovers_the_true_model_from_a_synthetic_clock(tmp_path):
     summ = calib.summary()
     assert summ["prediction_error_first"] > 0.01  # the wrong model's shape, one scale fitted
     assert summ["prediction_error_last"] < 1e-9  # the refit model predicts the clock exactly
+    # what the first figure is (issue 26 item 1): the planned model, before any refit, put in
+    # seconds by one factor fitted on the same microbatches (so only its shape is scored)
+    first = summ["first_window"]
+    assert first["model"] == calib.template.name and first["unit"] == calib.template.unit
+    assert first["seconds_per_unit"] > 0 and first["scale"] == "fitted in-sample"
+    # the last refit model on the first window's microbatches: the clock's own noise floor
+    assert first["prediction_error_final_model"] < 1e-9
     lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["type"] == "step"] == list(range(9))
     assert sum(x["type"] == "refit" for x in lines) == 3
