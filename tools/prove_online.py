@@ -32,6 +32,9 @@ def parse_args(argv=None):
     p.add_argument("--wrong-model", default="quadratic-64k")
     p.add_argument("--offline-model", default="tiny-lm-cpu")
     p.add_argument("--out", default="out/prove_online.json")
+    p.add_argument("--workload", default=None, help="tools/train.py --workload (both runs)")
+    p.add_argument("--scale", type=float, default=None, help="tools/train.py --scale (both runs)")
+    p.add_argument("--seed", type=int, default=None, help="tools/train.py --seed (both runs)")
     p.add_argument("--train-args", default="", help="more tools/train.py flags, one string")
     return p.parse_args(argv)
 
@@ -42,6 +45,9 @@ def _run(args, model: str, online: bool, tag: str) -> dict:
              "--calibrate-online", "--refit-every", str(args.refit_every),
              "--online-clock", args.online_clock, "--log", str(out / f"{tag}.json"),
              "--measured", str(out / f"{tag}.jsonl")] + args.train_args.split()
+    for flag in ("workload", "scale", "seed"):
+        if getattr(args, flag) is not None:
+            flags += [f"--{flag}", str(getattr(args, flag))]
     if not online:
         flags.append("--online-measure-only")
     jl = out / f"{tag}.jsonl"
