@@ -11,7 +11,8 @@ forward and backward (issue #26).
     records = timer.take()                     # the measured microbatches since the last take
 
 On a GPU the marks are CUDA events recorded on the current stream, so timing adds no
-synchronisation to the step; :meth:`take` waits for the last event and reads the elapsed times.
+synchronisation to the step; :meth:`take` waits for the last event and reads the elapsed times
+(this path has not yet been run on a GPU: the project's machine has none).
 On a CPU, where the work is done when the call returns, it is ``time.perf_counter``
 (``clock="wall"``), or the process's CPU time (``clock="cpu"``, ``time.process_time``): the
 work the microbatch cost this process, blind to the time other processes took the cores from

@@ -237,3 +237,21 @@ def test_two_gloo_ranks_agree_on_coefficients_and_plans(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert len(r0["digests"]) == 4 and r0["agree"] and r1["agree"]
     assert r0 == r1
+
+
+def test_timer_picks_cuda_events_by_device_without_running_them():
+    # issue 26 item 4: the CUDA-event path has never run on a GPU (none on the project's
+    # machine); what runs without one: a CUDA device (name or torch.device) selects events and
+    # refuses a CPU clock, anything else uses the chosen clock
+    import torch
+    for dev in ("cuda", "cuda:1", torch.device("cuda", 0)):
+        assert MicrobatchTimer(dev).cuda
+        with pytest.raises(ValueError, match="CUDA device is timed with events"):
+            MicrobatchTimer(dev, clock="cpu")
+    for dev in (None, "cpu", torch.device("cpu")):
+        t = MicrobatchTimer(dev, clock="cpu")
+        assert not t.cuda
+        t.begin(np.array([3, 4]), step=0)
+        t.end()
+        (m,) = t.take()
+        assert m.total >= 0 and m.lengths.tolist() == [3, 4] and m.forward is None
