@@ -141,6 +141,18 @@ def _shelf_dp(bt, zs, nz, rho, fluid, out_shelf):
 
 
 @kernel
+def _members(shelf, zs, n, s, drop, mem):
+    """Gather into ``mem`` the documents ``zs[zj]`` (``zj < n``, ``zj != drop``) on shelf
+    ``s``, in order; returns how many."""
+    m = np.int64(0)
+    for zj in range(n):
+        if shelf[zj] == s and zj != drop:
+            mem[m] = zs[zj]
+            m += 1
+    return m
+
+
+@kernel
 def _shelf_cost_kernel(bt, docs, rho):
     nz = docs.shape[0]
     shelf = np.empty(nz, dtype=np.int64)
@@ -149,11 +161,7 @@ def _shelf_cost_kernel(bt, docs, rho):
     kk = np.empty(nz, dtype=np.int64)
     total = 0.0
     for s_ in range(ns):
-        m = np.int64(0)
-        for zi in range(nz):
-            if shelf[zi] == s_:
-                mem[m] = docs[zi]
-                m += 1
+        m = _members(shelf, docs, nz, s_, np.int64(-1), mem)
         sc, h = _best_shelf(bt, mem, m, rho, np.inf, kk)
         total += sc
     return total
@@ -163,11 +171,7 @@ def _shelf_cost_kernel(bt, docs, rho):
 def _shelf_eval(bt, zs, shelf, nz, s, drop, add, rho, budget, mem, kk):
     """Score and absorbed work of shelf s without document index ``drop`` (-1: none) and with
     document ``add`` (-1: none); (0, 0) for an empty shelf."""
-    m = np.int64(0)
-    for zj in range(nz):
-        if shelf[zj] == s and zj != drop:
-            mem[m] = zs[zj]
-            m += 1
+    m = _members(shelf, zs, nz, s, drop, mem)
     if add >= 0:
         mem[m] = add
         m += 1
@@ -213,11 +217,7 @@ def _place_tall(bt, rs, pl, H, order_a, s_area, rho, R_cap, nr, ng, placed):
             b_s = np.int64(-1)
             b_h = h
             for s_ in range(ns):
-                m = np.int64(0)
-                for zj in range(zi):
-                    if shelf[zj] == s_:
-                        mem[m] = zs[zj]
-                        m += 1
+                m = _members(shelf, zs, zi, s_, np.int64(-1), mem)
                 mem[m] = d
                 m += 1
                 sc2, h2 = _best_shelf(bt, mem, m, rho, fluid - used_ab + sh_ab[s_], kk)
