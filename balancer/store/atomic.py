@@ -53,17 +53,30 @@ def foreign_entry(path) -> Optional[str]:
     (and the ``epoch-NNNN/verified.*`` stamps that readers leave)."""
     path = Path(path)
     for p in sorted(path.iterdir()):
-        st = os.lstat(p)
-        if p.name == MANIFEST and stat.S_ISREG(st.st_mode):
+        mode = _lstat_mode(p)
+        if mode is None:
             continue
-        if not (_EPOCH_RE.fullmatch(p.name) and stat.S_ISDIR(st.st_mode)):
+        if p.name == MANIFEST and stat.S_ISREG(mode):
+            continue
+        if not (_EPOCH_RE.fullmatch(p.name) and stat.S_ISDIR(mode)):
             return p.name
         for q in sorted(p.iterdir()):
             ok = (q.suffix == ".npy" and (q.stem in ARRAYS or q.stem in HYBRID_ARRAYS)) or \
                 is_stamp_file(q.name)  # readers' verification stamps (balancer.store.verified)
-            if not (ok and stat.S_ISREG(os.lstat(q).st_mode)):
+            mode = _lstat_mode(q)
+            if mode is not None and not (ok and stat.S_ISREG(mode)):
                 return f"{p.name}/{q.name}"
     return None
+
+
+def _lstat_mode(p: Path) -> Optional[int]:
+    """``st_mode`` of ``p`` (not following a link), or None when it has gone since it was
+    listed: a reader renames its ``verified.json.tmp-PID`` stamp into place at any time, and
+    what is no longer there is not in the way of an overwrite."""
+    try:
+        return os.lstat(p).st_mode
+    except FileNotFoundError:
+        return None
 
 
 def _has_plan_manifest(path: Path, *, strict: bool = False) -> bool:
@@ -214,6 +227,16 @@ def exchange_supported(directory) -> bool:
         b.rmdir()
 
 
+def _remove_old(old: Path, tries: int = 5) -> None:
+    """Delete the replaced plan ``old``. A reader still verifying it may add its stamp or lock
+    file while the tree is removed (the last rmdir then fails on a non-empty directory), so
+    try again a few times rather than leave a hidden ``.NAME.old-*`` behind on every race."""
+    for _ in range(tries):
+        shutil.rmtree(old, ignore_errors=True)
+        if not os.path.lexists(old):
+            return
+
+
 class PlanDirWriter:
     """A plan directory under construction: a hidden sibling ``.NAME.partial-HOST-PID-RAND``
     that :meth:`commit` fsyncs and renames to ``path`` (or exchanges with the plan there).
@@ -291,7 +314,7 @@ class PlanDirWriter:
             os.rename(self.tmp, self.path)
         fsync_dir(parent)
         _kill_point("after-rename")
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_old(old)
         return self.path
 
     def _fill_in_place(self) -> None:

@@ -33,8 +33,11 @@ class PlanSnapshot:
     """The plan directory ``path`` held open by a descriptor; files opened relative to it.
     Use as a context manager (closes every descriptor it opened)."""
 
-    def __init__(self, path):
+    def __init__(self, path, asked=None):
         self.path = Path(path)
+        #: the path the reader asked for; ``path`` differs from it when that was missing and
+        #: the old plan an overwrite moved aside is read instead (the two-rename fallback)
+        self.asked = self.path if asked is None else Path(asked)
         try:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
@@ -50,7 +53,11 @@ class PlanSnapshot:
         self._fds = []
 
     def replaced(self) -> bool:
-        """Whether ``path`` now names another directory than the one this snapshot reads."""
+        """Whether ``path`` now names another directory than the one this snapshot reads, or
+        it reads a moved-aside old plan and the new one is in place (the old one is being
+        deleted: read the new one)."""
+        if self.asked != self.path and os.path.lexists(self.asked):
+            return True
         try:
             st = os.stat(self.path)
         except OSError:
@@ -127,7 +134,7 @@ def read_whole(path, fn: Callable[[PlanSnapshot], T], resolve: Callable = Path) 
     anew on each try): when an overwrite replaced the plan mid-read, read the new one from the
     start; after :data:`READ_TRIES` replacements in a row a ValueError says so."""
     for _ in range(READ_TRIES):
-        with PlanSnapshot(resolve(path)) as snap:
+        with PlanSnapshot(resolve(path), asked=path) as snap:
             try:
                 return fn(snap)
             except Replaced:

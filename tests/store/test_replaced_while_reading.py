@@ -90,8 +90,14 @@ def test_hybrid_reader_sees_one_whole_plan(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_loads_racing_overwrites_return_whole_plans(two_plans, tmp_path):
-    """Real concurrency: a thread overwrites the plan back and forth while this one loads it."""
+@pytest.mark.parametrize("exchange", [True, False])
+def test_loads_racing_overwrites_return_whole_plans(two_plans, tmp_path, monkeypatch, exchange):
+    """Real concurrency: a thread overwrites the plan back and forth while this one loads it,
+    with the atomic exchange and with the two-rename fallback (file systems without
+    RENAME_EXCHANGE), where a reader may be reading the old plan moved aside as it is deleted."""
+    from balancer.store.files import NO_EXCHANGE_ENV
+    if not exchange:
+        monkeypatch.setenv(NO_EXCHANGE_ENV, "1")
     a, b = two_plans
     p = store.save_plan(a, tmp_path / "plan")
     stop, errors = threading.Event(), []
@@ -120,3 +126,25 @@ def test_loads_racing_overwrites_return_whole_plans(two_plans, tmp_path):
         stop.set()
         t.join(60)
     assert not errors, errors
+
+
+def test_overwrite_skips_a_stamp_that_a_reader_renames_away_meanwhile(two_plans, tmp_path,
+                                                                      monkeypatch):
+    """A reader writes its stamp as ``verified.json.tmp-PID`` and renames it; an overwrite that
+    lists the epoch directory in between must not fail on the name that has gone (the CI
+    failure of stop 35: FileNotFoundError from the writer of the racing test above)."""
+    import pathlib
+    a, b = two_plans
+    p = store.save_plan(a, tmp_path / "plan")
+    real = pathlib.Path.iterdir
+
+    def iterdir(self):
+        yield from real(self)
+        if self.name.startswith("epoch-"):   # listed, then gone before the writer looks at it
+            yield self / "verified.json.tmp-99999"
+    monkeypatch.setattr(pathlib.Path, "iterdir", iterdir)
+    store.save_plan(b, p, overwrite=True)
+    monkeypatch.undo()
+    got, manifest = store.load_plan(p, 0)
+    assert manifest["config"]["seed"] == 2
+    assert_same_plan(got, b)
