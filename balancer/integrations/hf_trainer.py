@@ -140,7 +140,11 @@ class PackedTrainerMixin(PackedEpochsMixin, PackedEvalMixin):
         layout = packed_sampler.layout
         ga = self.args.gradient_accumulation_steps
         if layout.cp != 1:
-            raise ValueError("HF models take unsharded microbatches: the layout needs cp == 1")
+            raise ValueError(f"the layout has cp={layout.cp} (cp_mode={layout.cp_mode!r}); HF "
+                             f"models take whole, unsharded microbatches, so the Trainer "
+                             f"integration needs cp == 1: run CP in a loop that shards "
+                             f"attention itself (torchtitan-style, Megatron; "
+                             f"docs/integrations.md)")
         if ga != layout.microbatches:
             raise ValueError(f"gradient_accumulation_steps is {ga} but the plan has "
                              f"{layout.microbatches} microbatches per rank and step: set "

@@ -76,6 +76,32 @@ def test_hf_trainer_one_process(tmp_path):
     print(f"HF Trainer 1 process float64: first-step grad diff {d:.1e}")
 
 
+@pytest.mark.parametrize("cp_mode", ["fixed", "hybrid"])
+def test_hf_trainer_refuses_a_cp_layout_naming_it(tmp_path, cp_mode):
+    """A CP layout (fixed, or the hybrid sampler's) under the Trainer is refused at
+    construction with the layout's cp and mode, not trained wrongly: HF models take whole
+    microbatches."""
+    from transformers import Trainer, TrainingArguments
+
+    from balancer.cost.cp import CPCostModel
+    from balancer.loader.hybrid import HybridBatchSampler
+
+    class PackedTrainer(PackedTrainerMixin, Trainer):
+        pass
+
+    samples, cost, _, config, ds = _workload()
+    if cp_mode == "fixed":
+        layout = Layout(dp=1, cp=2, microbatches=3, capacity=256)
+        sampler = PackedBatchSampler(samples, cost, layout, config)
+    else:
+        layout = Layout(dp=1, cp=2, microbatches=3, capacity=256, cp_mode="hybrid",
+                        rank_capacity=128)
+        sampler = HybridBatchSampler(samples, CPCostModel.from_preset("llama-7b", 128), layout)
+    with pytest.raises(ValueError, match=rf"cp=2 \(cp_mode='{cp_mode}'\).*needs cp == 1"):
+        PackedTrainer(model=tiny_llama(), args=_args(TrainingArguments, tmp_path, layout),
+                      train_dataset=ds, packed_sampler=sampler, compute_loss_func=causal_lm_loss)
+
+
 def test_hf_trainer_model_loss_float32_inside(tmp_path):
     """Without compute_loss_func the model's own loss (float32 cross entropy inside
     transformers): the same gradient to float32 precision."""
