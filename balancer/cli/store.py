@@ -238,12 +238,15 @@ def open_dataset(spec: str):
 
 def _init_distributed() -> tuple[bool, bool]:
     """Join the torchrun job (gloo, env://) when launched with WORLD_SIZE > 1: (distributed,
-    whether this call created the group, so the command destroys it again)."""
+    whether this call created the group, so the command destroys it again). A group the
+    caller initialised is used as it is, whatever WORLD_SIZE says (precompute plans over it)."""
+    if "torch.distributed" in sys.modules:   # no torch imported: no group to find
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return World.current().multi, False
     if launched_processes() <= 1:
         return False, False
     import torch.distributed as dist
-    if dist.is_initialized():
-        return True, False
     dist.init_process_group("gloo")
     return True, True
 
@@ -264,23 +267,21 @@ def _shutdown_distributed(clean: bool) -> None:
 
 
 def _precompute_run(args) -> int:
-    job, layout, config, cost = resolve(args)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    if job.workers > cores:   # more planning processes than cores add memory, not speed
-        raise ValueError(f"--workers {job.workers}: more than the {cores} CPU cores this "
-                         f"process may use; give at most {cores}")
-    if layout.cp_mode == "hybrid":
-        from .hybrid import precompute_hybrid_run
-        return precompute_hybrid_run(args, job, layout, config, load_samples)
-    for k in ("gpus_per_node", "cp_overlap", "cp_hardware"):
-        if k in vars(args):
-            raise ValueError(f"--{k.replace('_', '-')} is a figure of the hybrid mode's CP cost "
-                             f"model: give it with --cp-mode hybrid")
+    # under torchrun the ranks join first, so that an error on one rank alone (its --config or
+    # --lengths file missing on its machine) is every rank's error, not a rank left waiting
+    t0 = time.perf_counter()
     dist, created = _init_distributed()
     clean = False
     try:
-        rc = _precompute_fixed(args, job, layout, config, cost, dist)
+        if dist:
+            from ..store.precompute import together
+            job, layout, config, cost, samples = together(lambda: _prepare(args, True))
+        else:
+            job, layout, config, cost, samples = _prepare(args, False)
+        if samples is None:   # the hybrid mode, on one process
+            from .hybrid import precompute_hybrid_run
+            return precompute_hybrid_run(args, job, layout, config, load_samples)
+        rc = _precompute_fixed(args, job, layout, config, cost, dist, samples, t0)
         clean = True
         return rc
     finally:
@@ -288,11 +289,29 @@ def _precompute_run(args) -> int:
             _shutdown_distributed(clean)
 
 
-def _precompute_fixed(args, job, layout, config, cost, dist: bool) -> int:
+def _prepare(args, dist: bool):
+    """The job, layout, config and cost model of the command, and (fixed CP mode) the lengths;
+    samples None: the hybrid mode, which plans on one process."""
+    job, layout, config, cost = resolve(args)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    if job.workers > cores:   # more planning processes than cores add memory, not speed
+        raise ValueError(f"--workers {job.workers}: more than the {cores} CPU cores this "
+                         f"process may use; give at most {cores}")
+    if layout.cp_mode == "hybrid":
+        if dist:
+            raise ValueError("--cp-mode hybrid plans on one process (no --workers, no torchrun)")
+        return job, layout, config, cost, None
+    for k in ("gpus_per_node", "cp_overlap", "cp_hardware"):
+        if k in vars(args):
+            raise ValueError(f"--{k.replace('_', '-')} is a figure of the hybrid mode's CP cost "
+                             f"model: give it with --cp-mode hybrid")
+    return job, layout, config, cost, load_samples(job, seed=config.seed, order=config.order)
+
+
+def _precompute_fixed(args, job, layout, config, cost, dist: bool, samples, t0: float) -> int:
     from ..store.precompute import precompute
     rank = World.current().rank if dist else 0
-    t0 = time.perf_counter()
-    samples = load_samples(job, seed=config.seed, order=config.order)
     if rank == 0:
         print(f"precompute: {len(samples):,} samples, {samples.total_tokens:,} tokens | "
               f"{config.strategy} | dp={layout.dp} pp={layout.pp} cp={layout.cp} "

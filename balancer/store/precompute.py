@@ -242,91 +242,136 @@ def precompute(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
 
 
 # ---- many machines: ranks of a torch.distributed job -----------------------------------------
+class RankFailed(ValueError):
+    """Raised on every rank of a distributed precompute when one rank met bad input (its files,
+    a window only it plans, its disk): the same message everywhere, naming the failed rank."""
+
+
+class RankCrashed(RuntimeError):
+    """As :class:`RankFailed`, for an unexpected error (a bug) on one rank."""
+
+
+def together(fn, group=None, share: bool = False):
+    """Run ``fn()`` on this rank, then tell every rank of ``group`` whether any rank failed
+    (``all_gather_object``), before anyone goes on to a collective a failed rank would never
+    reach: a failure on one rank raises the same :class:`RankFailed` (bad input: ValueError,
+    OSError) or :class:`RankCrashed` on every rank, naming that rank and its message. Returns
+    ``fn()``'s value, or with ``share`` every rank's value (a list in rank order)."""
+    import torch.distributed as dist
+    w = World.current(group)
+    value, err = None, None
+    try:
+        value = fn()
+    except Exception as e:  # noqa: BLE001 -- reported to every rank, re-raised below
+        err = e
+    mine = None if err is None else (type(err).__name__, str(err),
+                                     isinstance(err, (ValueError, OSError)))
+    every = [None] * w.size
+    dist.all_gather_object(every, (mine, value if share else None), group=group)
+    failed = [(r, m) for r, (m, _) in enumerate(every) if m is not None]
+    if failed:
+        r, (kind, text, user) = failed[0]
+        msg = f"rank {r} of {w.size}: {text if user else kind + ': ' + text}"
+        if len(failed) > 1:
+            msg += f" (ranks {', '.join(str(f[0]) for f in failed[1:])} failed too)"
+        raise (RankFailed if user else RankCrashed)(msg) from err
+    return [v for _, v in every] if share else value
+
+
 def _precompute_distributed(samples, cost, layout, config, out, *, epochs, progress, overwrite,
                             extra, group) -> Path:
     """Rank r plans windows ``[r * W // world, (r + 1) * W // world)`` of every epoch and writes
     them into files rank 0 allocated once every rank's sizes are known (``all_gather``); each
-    rank hashes a share of the arrays; rank 0 writes the manifest and renames the directory."""
-    import torch.distributed as dist
+    rank hashes a share of the arrays; rank 0 writes the manifest and renames the directory.
+    Every step that can fail on one rank alone ends in :func:`together`, so a failure there
+    raises the same error on every rank instead of leaving the others in a collective."""
     w = World.current(group)
     rank, world = w.rank, w.size
-    src = 0 if group is None else dist.get_global_rank(group, 0)
     run = _Epochs(samples, layout, config, epochs)
-    msg = [None, None]
-    if rank == 0:
-        try:
-            msg[0] = str(store.PlanDirWriter(out, overwrite=overwrite).tmp)
-        except (OSError, ValueError) as e:
-            msg[1] = f"{type(e).__name__}: {e}"
-    dist.broadcast_object_list(msg, src=src, group=group)
-    if msg[1]:
-        raise ValueError(msg[1])
-    writer = store.PlanDirWriter(out, overwrite=overwrite, tmp=Path(msg[0]))
+
+    def start():
+        # the ranks must plan one corpus: lengths that differ between machines would give a
+        # plan that matches none of them, silently
+        seen = (len(samples), samples.fingerprint())
+        tmp = str(store.PlanDirWriter(out, overwrite=overwrite).tmp) if rank == 0 else None
+        return seen, tmp
+    seen = together(start, group, share=True)
+    if len({s for s, _ in seen}) > 1:
+        exc = ValueError("the ranks read different lengths: " + ", ".join(
+            f"rank {r} {n:,} samples (fingerprint {fp})" for r, ((n, fp), _) in enumerate(seen))
+            + "; give every rank the same --lengths / --dataset")
+        if rank == 0:
+            store.PlanDirWriter(out, overwrite=overwrite, tmp=Path(seen[0][1])).abort()
+        raise exc
+    writer = store.PlanDirWriter(out, overwrite=overwrite, tmp=Path(seen[0][1]))
     bar = _bar(progress and rank == 0)
+    epochs_it = iter(run)
     try:
-        for epoch, ew in run:
+        for _ in range(epochs):
+            epoch, ew = together(lambda: next(epochs_it), group)
             nw = len(ew.windows)
             mine = range(rank * nw // world, (rank + 1) * nw // world)
             _bar_add(bar, len(mine), f"epoch {epoch} (rank 0 of {world})")
             # planned windows wait on disk for the file sizes (every rank's counts), not in
             # memory: a rank holds one window at a time, not its share of the epoch
             spill = writer.tmp / f".spill-epoch{epoch}-rank{rank}"
-            spill.mkdir(exist_ok=True)
-            counts_mine, last_left = [], None
-            with _Ticker(bar if len(mine) == 1 else None):
-                for i in mine:
-                    part = plan_part(ew, cost, i)
-                    _spill(spill / f"{i}.npz", part)
-                    counts_mine.append(part.counts)
-                    last_left = part.leftover
-                    del part
-                    if bar is not None:
-                        bar.update(1)
-            own_last = len(mine) and mine[-1] == nw - 1
-            mine_info = {"counts": counts_mine, "leftover": last_left if own_last else None}
-            every = [None] * world
-            dist.all_gather_object(every, mine_info, group=group)
+
+            def plan_mine():
+                spill.mkdir(exist_ok=True)
+                counts_mine, last_left = [], None
+                with _Ticker(bar if len(mine) == 1 else None):
+                    for i in mine:
+                        part = plan_part(ew, cost, i)
+                        _spill(spill / f"{i}.npz", part)
+                        counts_mine.append(part.counts)
+                        last_left = part.leftover
+                        del part
+                        if bar is not None:
+                            bar.update(1)
+                own_last = len(mine) and mine[-1] == nw - 1
+                return {"counts": counts_mine, "leftover": last_left if own_last else None}
+            every = together(plan_mine, group, share=True)
             counts = [c for r in every for c in r["counts"]]
-            base = dict(_ZERO)
-            for c in counts[:mine.start]:
-                base = _add(base, c)
             tot = dict(_ZERO)
             for c in counts:
                 tot = _add(tot, c)
             d = writer.tmp / store.epoch_dirname(epoch)
             sizes = _array_sizes(tot)
-            if rank == 0:
-                d.mkdir(exist_ok=True)
-                for k, dt in store.ARRAYS.items():
-                    store.allocate_array(d / f"{k}.npy", dt, sizes[k])
-                store.write_slice(d / "mb_offsets.npy", "<i8", sizes["mb_offsets"], 0,
-                                  np.zeros(1, np.int64))
-            dist.barrier(group=group)
-            for i in mine:
-                part = _unspill(spill / f"{i}.npz", config.max_delay)
-                for name, (off, a) in part_slices(part, base, layout.dp, cost).items():
-                    store.write_slice(d / f"{name}.npy", store.ARRAYS[name], sizes[name], off, a)
-                base = _add(base, part.counts)
-                (spill / f"{i}.npz").unlink()
-            spill.rmdir()
-            dist.barrier(group=group)
+
+            def allocate():
+                if rank == 0:
+                    d.mkdir(exist_ok=True)
+                    for k, dt in store.ARRAYS.items():
+                        store.allocate_array(d / f"{k}.npy", dt, sizes[k])
+                    store.write_slice(d / "mb_offsets.npy", "<i8", sizes["mb_offsets"], 0,
+                                      np.zeros(1, np.int64))
+            together(allocate, group)
+
+            def write_mine():
+                base = dict(_ZERO)
+                for c in counts[:mine.start]:
+                    base = _add(base, c)
+                for i in mine:
+                    part = _unspill(spill / f"{i}.npz", config.max_delay)
+                    for name, (off, a) in part_slices(part, base, layout.dp, cost).items():
+                        store.write_slice(d / f"{name}.npy", store.ARRAYS[name], sizes[name],
+                                          off, a)
+                    base = _add(base, part.counts)
+                    (spill / f"{i}.npz").unlink()
+                spill.rmdir()
+            together(write_mine, group)
             names = list(store.ARRAYS)[rank::world]
-            digests = [None] * world
-            dist.all_gather_object(digests, {k: store.file_digest(d / f"{k}.npy") for k in names},
-                                   group=group)
+            digests = together(lambda: {k: store.file_digest(d / f"{k}.npy") for k in names},
+                               group, share=True)
             digest = {k: v for r in digests for k, v in r.items()}
             infos = {k: {"file": f"{k}.npy", "dtype": dt, "shape": [sizes[k]],
                          "sha256": digest[k]} for k, dt in store.ARRAYS.items()}
             run.done(epoch, ew, infos, tot, every[-1]["leftover"])
-        status = [None]
-        if rank == 0:
-            try:
+
+        def commit():
+            if rank == 0:
                 writer.commit(run.manifest(cost, extra, 1, world))
-            except Exception as e:  # tell the other ranks before raising
-                status[0] = f"{type(e).__name__}: {e}"
-        dist.broadcast_object_list(status, src=src, group=group)
-        if status[0]:
-            raise ValueError(f"rank 0 could not commit the plan: {status[0]}")
+        together(commit, group)
         return Path(out)
     except BaseException:
         if rank == 0 and writer.tmp.exists():
