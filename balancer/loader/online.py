@@ -39,6 +39,10 @@ from ..cost.refit import coefficients, kinds_of, predict_total, refit
 from ..world import World
 
 
+#: the version of :meth:`OnlineCalibrator.state_dict`
+CALIBRATOR_STATE_VERSION = 1
+
+
 @dataclass(frozen=True)
 class OnlineConfig:
     """How the closed loop refits."""
@@ -270,6 +274,67 @@ class OnlineCalibrator:
         with open(self.jsonl, "a") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
+
+    def observations(self) -> dict:
+        """Every microbatch exchanged so far, on every rank (equal on all ranks): ``step``,
+        ``rank``, ``seconds`` (forward + backward), ``forward``/``backward`` (None unsplit) and
+        ``lengths`` (its documents), one list entry per microbatch in exchange then rank order.
+        What a noise-free comparison of plans needs: any model can be scored on them."""
+        return {"step": list(map(int, self.obs.step)), "rank": list(map(int, self.obs.rank)),
+                "seconds": list(map(float, self.obs.total)),
+                "forward": list(self.obs.forward), "backward": list(self.obs.backward),
+                "lengths": [x.tolist() for x in self.obs.lengths],
+                "predicted": list(map(float, self.obs.predicted))}
+
+    # ---- resuming -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a resumed loop needs to go on as this one would have: the steps done (the refit
+        cadence), the observations exchanged so far and this rank's since the last exchange (the
+        next fit's data), the seconds factor of a model not in seconds, the records. Save it
+        beside ``sampler.state_dict()`` between steps (after :meth:`step_done`); the models
+        themselves are the sampler's (``refits``). JSON-serialisable; a rank's own."""
+        return {"kind": "online_calibrator", "version": CALIBRATOR_STATE_VERSION,
+                "steps_done": self.steps_done,
+                "scale": self.scale, "first_scale": self.first_scale,
+                "ranks_agree": self.ranks_agree, "model_digest": digest(self.model),
+                "observations": self.observations(),
+                "local": [[int(st), m.lengths.tolist(), m.total, m.forward, m.backward]
+                          for st, m in self._local],
+                "step_records": list(self.step_records),
+                "refit_records": list(self.refit_records)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`. Restore the sampler first (its ``refits`` hold the
+        model this calibrator goes on with): a model that differs from the checkpoint's is an
+        error naming both digests."""
+        if not isinstance(state, dict) or state.get("kind") != "online_calibrator":
+            got = sorted(state)[:6] if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not an OnlineCalibrator state (keys {got}): give the dict of "
+                             f"OnlineCalibrator.state_dict(), not the sampler's")
+        if state.get("version") != CALIBRATOR_STATE_VERSION:
+            raise ValueError(f"OnlineCalibrator state version {state.get('version')!r} is not "
+                             f"{CALIBRATOR_STATE_VERSION}")
+        refits = self.sampler.refits
+        model = refits[-1][2] if refits else self.sampler.cost
+        if digest(model) != state["model_digest"]:
+            raise ValueError(f"cannot resume the online calibrator: its model in the checkpoint "
+                             f"has coefficients {state['model_digest']}, the sampler's newest "
+                             f"({model.name!r}) {digest(model)}; load the sampler's state "
+                             f"(sampler.load_state_dict) of the same checkpoint first")
+        from .timing import Measured
+        o = state["observations"]
+        self.obs = _Obs(step=list(o["step"]), rank=list(o["rank"]), total=list(o["seconds"]),
+                        forward=list(o["forward"]), backward=list(o["backward"]),
+                        lengths=[np.asarray(x, np.int64) for x in o["lengths"]],
+                        predicted=list(o["predicted"]))
+        self._local = [(int(st), Measured(int(st), np.asarray(lens, np.int64), tot, fwd, bwd))
+                       for st, lens, tot, fwd, bwd in state["local"]]
+        self.model = model
+        self.steps_done = int(state["steps_done"])
+        self.scale, self.first_scale = state["scale"], state["first_scale"]
+        self.ranks_agree = bool(state["ranks_agree"])
+        self.step_records = list(state["step_records"])
+        self.refit_records = list(state["refit_records"])
 
     # ---- the summary ----------------------------------------------------------------------------
     def summary(self) -> dict:

@@ -89,7 +89,23 @@ def test_trl_sft(tmp_path):
 def test_torchtitan_loop_torchrun_two_processes(tmp_path):
     need("transformers")
     r = _run(tmp_path, *_torchrun("torchtitan_loop.py"))
-    assert r["processes"] == 2 and r["resumed_bit_identical"]
+    assert r["processes"] == 2 and r["resumed_bit_identical"] and not r["calibrate_online"]
+    assert 0 < r["checkpoint_at_step"] < r["optimizer_steps"]
+
+
+@pytest.mark.slow
+def test_torchtitan_loop_calibrate_online_two_processes(tmp_path):
+    """The closed loop in the torchtitan-style loop (issue 26 item 1): timed microbatches,
+    refits every 2 steps on both ranks' times, the windows not handed out re-planned; the
+    checkpoint holds the sampler's refit models and the calibrator's state, and the resumed run
+    plans and trains what the interrupted one had planned (wall-clock refits: the weights of an
+    uninterrupted run are not compared)."""
+    need("transformers")
+    r = _run(tmp_path, *_torchrun("torchtitan_loop.py"), "--calibrate-online")
+    assert r["processes"] == 2 and r["calibrate_online"] and r["resumed_bit_identical"] is None
+    assert r["refits"] >= 2 and r["restored_refit_models"] >= 1 and r["resumed_plan_identical"]
+    assert r["pieces_trained_as_planned_after_resume"] > 0
+    assert r["documents_per_epoch"] == [96, 96]  # every token once per epoch, re-planned or not
     assert 0 < r["checkpoint_at_step"] < r["optimizer_steps"]
 
 

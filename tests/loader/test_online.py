@@ -49,6 +49,7 @@ def run_loop(s, calib, clock, steps, noise=None):
     for ref in s:
         f, b = TRUE.microbatch_cost(ref.lengths)
         k = 1.0 if noise is None else noise(ref.step, ref.slot)
+        clock.now = 0.0  # every microbatch's seconds alike wherever the run started
         timer.begin(ref)
         clock.now += f * k
         timer.split()
@@ -201,6 +202,39 @@ def test_refits_cross_epochs_and_resume_there():
     t.load_state_dict(state)
     t.set_epoch(1)
     assert [(list(r), r.step) for r in t] == rest
+
+
+def test_calibrator_state_resumes_the_loop_exactly():
+    # a checkpoint between refits (step 4, refits every 3) of the sampler and the calibrator
+    # (observations, cadence, records): the resumed loop refits at the same steps on the same
+    # observations, so on a deterministic clock it is the uninterrupted loop, refit for refit
+    def loop():
+        s, clock = sampler(dp_rank=0), Clock()
+        return s, clock, OnlineCalibrator(s, MicrobatchTimer(clock=clock),
+                                          OnlineConfig(every=3, skip_steps=1))
+    s, clock, calib = loop()
+    run_loop(s, calib, clock, 10)
+    s, clock, calib = loop()
+    run_loop(s, calib, clock, 4)
+    state = json.loads(json.dumps({"data": s.state_dict(), "online": calib.state_dict()}))
+    r, clock, resumed = loop()
+    r.load_state_dict(state["data"])
+    resumed.load_state_dict(state["online"])
+    assert resumed.steps_done == 4 and resumed.model.name == calib.model.name
+    run_loop(r, resumed, clock, 6)
+    key = lambda rec: {k: rec[k] for k in ("step", "first_replanned_step", "coefficients_digest",
+                                           "plan_fingerprint", "observations")}  # noqa: E731
+    s2, clock2, full = loop()
+    run_loop(s2, full, clock2, 10)
+    assert [key(x) for x in resumed.refit_records] == [key(x) for x in full.refit_records]
+    assert [x["step"] for x in resumed.refit_records] == [3, 6, 9]
+    assert r.plan_fingerprint == s2.plan_fingerprint
+    assert [x["step"] for x in resumed.step_records] == list(range(9))
+    # the calibrator goes on with the sampler's newest model: restoring it alone is refused
+    with pytest.raises(ValueError, match="load the sampler's state"):
+        loop()[2].load_state_dict(state["online"])
+    with pytest.raises(ValueError, match="not an OnlineCalibrator state"):
+        loop()[2].load_state_dict(state["data"])
 
 
 def test_measure_only_keeps_the_plan():
