@@ -53,8 +53,7 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     from ..report.hybrid import build_hybrid_report, format_table, write_hybrid_report
     t0 = time.perf_counter()
     if getattr(args, "plan", None):
-        raise ValueError("--plan: stored plans are fixed-mode plans; --cp-mode hybrid plans "
-                         "the workload itself (give --lengths or --dataset)")
+        return _stored_hybrid_report(args, out=out, plots=plots, quiet=quiet, t0=t0)
     lengths, wname = cli_args.read_lengths(args)
     if lengths is None:
         raise ValueError("give --lengths FILE.npy|NAME or --dataset DIR")
@@ -70,6 +69,70 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
         layout=layout.model_dump(), workload=wname, over_length=args.over_length)
+    files = write_hybrid_report(report, out, plots=plots, t0=t0)
+    if not quiet:
+        print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],
+                            "overlap": report["cp_cost_model"]["overlap"]}))
+        written = ", ".join(Path(p).name for p in files.values())
+        print(f"\nreport written to {Path(out)}/: {written} ({report['report_seconds']:.1f} s)")
+    return report
+
+
+def _stored_hybrid_report(args, *, out: str, plots: bool, quiet: bool, t0: float) -> dict:
+    """``report --plan DIR`` of a hybrid plan directory: the stored plan of ``--epoch`` under
+    its own CP cost model (``--cost-model`` evaluates it under another preset, the plan's rank
+    capacity, hardware and pp kept), as ``"<strategy> (stored)"``, beside the hybrid-mode
+    ``--strategies`` planned afresh when the lengths are known. The lengths: ``--lengths`` /
+    ``--dataset``, else the ``.npy`` the plan was made from (its manifest's source), else the
+    plan's items (each sample's planned tokens; ``lengths_known: false``, nothing re-planned)."""
+    from ..cost.cp import CPCostModel
+    from ..planning.warmup import warmup
+    from ..report.hybrid import build_hybrid_report, format_table, write_hybrid_report
+    from ..report.hybrid.figures import summarize
+    from ..samples import SampleTable
+    from ..store.hybrid import load_hybrid_manifest, load_hybrid_plan
+    from .report import _manifest_lengths
+    path = Path(args.plan)
+    epoch = getattr(args, "epoch", 0) or 0
+    manifest = load_hybrid_manifest(path)
+    lengths, wname = cli_args.read_lengths(args)
+    ds = manifest["dataset"]
+    if lengths is None:
+        lengths = _manifest_lengths(manifest, path)
+        if lengths is not None and SampleTable(lengths).fingerprint() != ds["fingerprint"]:
+            lengths = None   # the file changed since: report the plan alone
+    wname = wname or path.name
+    if lengths is not None and SampleTable(lengths).fingerprint() != ds["fingerprint"]:
+        raise ValueError(f"--plan {args.plan}: the plan was made for lengths of fingerprint "
+                         f"{ds['fingerprint']} ({ds['n_samples']:,} samples), the lengths given "
+                         f"have {SampleTable(lengths).fingerprint()} ({len(lengths):,} samples)")
+    # the report diagnoses coverage itself; the store checks the structure and the hashes
+    plan, _ = load_hybrid_plan(path, epoch, verify=True)
+    known = lengths is not None
+    if not known:
+        item_doc, item_length = np.asarray(plan.item_doc), np.asarray(plan.item_length)
+        lengths = np.zeros(ds["n_samples"], np.int64)
+        np.add.at(lengths, item_doc, item_length)
+    model = CPCostModel.model_validate(manifest["cost_model"])
+    if args.cost_model:
+        model = CPCostModel.from_preset(args.cost_model, model.rank_capacity,
+                                        hardware=model.hardware, pp=model.pp)
+    lay = manifest["layout"]
+    P = int(lay["dp"]) * int(lay["cp"])
+    names = parse_strategies(args.strategies, P) if args.strategies and known else []
+    if names:
+        warmup(["hybrid"])
+    report, _, _ = build_hybrid_report(
+        lengths, model, P, manifest["batch_tokens"], names, seed=manifest["seed"],
+        max_delay=manifest["max_delay"], layout=lay, workload=wname,
+        over_length=manifest["over_limit"])
+    stored = f"{manifest['strategy']} (stored)"
+    block, _ = summarize(plan, model, lengths, [],
+                         per_document=manifest["strategy"] == "megatron_hybrid")
+    report["strategies"] = {stored: block, **report["strategies"]}
+    report["workload"]["lengths_known"] = known
+    report["plan"] = {"dir": str(path), "epoch": int(epoch), "strategy": manifest["strategy"],
+                      "epochs": len(manifest["epochs"])}
     files = write_hybrid_report(report, out, plots=plots, t0=t0)
     if not quiet:
         print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],

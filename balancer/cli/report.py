@@ -35,11 +35,15 @@ def _load_stored_plan(path: str, epoch: int = 0):
 
 
 def _manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:
-    """Sample lengths a plan directory points at: a ``.npy`` named in the manifest (top level
-    or its ``extra``), or ``lengths.npy`` inside the directory; None when there is none."""
+    """Sample lengths a plan directory points at: a ``.npy`` named in the manifest (top level,
+    its ``extra`` or the ``extra.source`` precompute records), or ``lengths.npy`` inside the
+    directory; None when there is none."""
     m = manifest if isinstance(manifest, dict) else {}
     extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
-    for where in (m, extra):
+    source = extra.get("source") if isinstance(extra.get("source"), dict) else {}
+    if source.get("samples") is not None:   # resampled from the file: not its lengths
+        source = {}
+    for where in (m, extra, source):
         for key in ("lengths", "lengths_path", "lengths_file", "workload"):
             v = where.get(key)
             if isinstance(v, str):
@@ -108,6 +112,10 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     from ..planning.warmup import warmup
     given = {k: getattr(args, k, None) is not None for k in ("dp", "microbatches")}
     args = _with_layout_default(args)
+    if getattr(args, "plan", None):
+        from .hybrid import is_hybrid
+        if is_hybrid(Path(args.plan)):   # precompute --cp-mode hybrid wrote it
+            args = argparse.Namespace(**{**vars(args), "cp_mode": "hybrid"})
     if getattr(args, "cp_mode", "fixed") == "hybrid":
         if getattr(args, "loss_tokens", None) or getattr(args, "loss_mask_column", None):
             raise ValueError("--loss-tokens / --loss-mask-column: the trained fraction per "
@@ -126,6 +134,9 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
         if lengths is None:
             lengths = _manifest_lengths(manifest, Path(args.plan))
             wname = wname or Path(args.plan).name
+            if lengths is not None and \
+                    SampleTable(lengths).fingerprint() != plan.dataset_fingerprint:
+                lengths = None   # the file changed since: report the plan alone
         if lengths is not None and SampleTable(lengths).fingerprint() != plan.dataset_fingerprint:
             raise ValueError(f"--plan {args.plan}: the plan was made for dataset "
                              f"{plan.dataset_fingerprint}, the lengths given are "
