@@ -180,8 +180,16 @@ def arch_from_config(cfg: dict, where: str = "config") -> Arch:
     r = _Reader(cfg, where)
     h, n, vocab = r.req("hidden_size"), r.req("num_hidden_layers"), r.req("vocab_size")
     heads = r.req("num_attention_heads")
+    if heads < 1:
+        raise ValueError(f"{where}: num_attention_heads {heads!r} must be at least 1")
     kv = r.opt("num_key_value_heads", heads) or heads
-    hd = r.opt("head_dim", None) or h // heads
+    hd = r.opt("head_dim", None)
+    if not hd:   # no head width given: hidden_size is split over the heads
+        if h % heads:
+            raise ValueError(f"{where}: hidden_size {h} is not a multiple of "
+                             f"num_attention_heads {heads} and no head_dim is given (the "
+                             f"head width would be {h / heads:g}); give head_dim")
+        hd = h // heads
     kinds = _layer_types(r, mt, n)
     moe = _moe_layers(r, mt, n)
     a = Arch(model_type=mt, hidden=h, layers=n, vocab=vocab)

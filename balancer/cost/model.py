@@ -449,6 +449,25 @@ def preset_path(name_or_path: str, subdir: str) -> Optional[Path]:
     return resources.preset_path(name_or_path, subdir)
 
 
+def hf_config_name(path, cfg) -> str:
+    """The name of the cost model of the Hugging Face config file ``path``: its model type and
+    where it is, ``"qwen3_moe (path/to/Qwen3-30B-A3B)"``: the folder of a ``config.json`` as
+    given (the current folder's name for ``config.json`` alone), the repository of a hub cache
+    snapshot (``.../models--Qwen--Qwen3-8B/snapshots/<hash>/config.json``: ``Qwen/Qwen3-8B``),
+    the path without ``.json`` for another file name."""
+    p = Path(os.path.normpath(str(path)))
+    if p.name == "config.json":
+        d = p.parent
+        if d.parent.name == "snapshots" and d.parent.parent.name.startswith("models--"):
+            where = d.parent.parent.name[len("models--"):].replace("--", "/")
+        else:
+            where = str(d) if str(d) != "." else (Path.cwd().name or str(Path.cwd()))
+    else:
+        where = str(p.with_suffix(""))
+    mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+    return f"{mt if isinstance(mt, str) and mt else 'hf-config'} ({where})"
+
+
 def load_cost_model(name_or_path: str) -> CostModel:
     """A built-in name, a preset name from ``configs/models``, a path to a YAML file, or a
     path to a Hugging Face ``config.json`` (:mod:`balancer.cost.hf_config`; named after the
@@ -459,10 +478,10 @@ def load_cost_model(name_or_path: str) -> CostModel:
     if p.suffix == ".json":
         if not p.is_file():
             raise ValueError(f"model config {str(p)!r}: no such file")
-        name = p.parent.name if p.stem == "config" and p.parent.name else p.stem
+        cfg = read_config(p)
         # a config.json says nothing of the hardware: the shipped presets' 400 TFLOP/s per GPU
         # (~40% MFU on an H100-class GPU) turns FLOPs into the seconds reports and CP need
-        return cost_model_from_config(read_config(p), name=name or "hf-config", where=str(p),
+        return cost_model_from_config(cfg, name=hf_config_name(p, cfg), where=str(p),
                                       flops_per_second=JSON_FLOPS_PER_SECOND)
     path = preset_path(name_or_path, "models")
     if path is None:

@@ -61,7 +61,7 @@ def test_config_json_loads_as_a_cost_model(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps(MISTRAL))
     cost = load_cost_model(str(d / "config.json"))
-    assert cost.name == "Mistral-7B" and cost.unit == "flops"
+    assert cost.name == f"mistral ({d})" and cost.unit == "flops"
     (t,) = cost.attention
     assert (t.kind, t.window, t.layers) == ("sliding", 4096, 32)
     assert t.forward == 32 * 2 * 32 * (128 + 128)  # layers x 2 heads (d_qk + d_v)
