@@ -213,3 +213,44 @@ def test_every_relative_link_resolves():
             elif not path and frag not in anchors:
                 bad.append(f"{_rel(page)}: #{frag} (no such heading)")
     assert not bad, "broken relative links:\n" + "\n".join(bad)
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_anchor(h) for h in re.findall(r"^#+\s+(.*)$", _prose(page), flags=re.M)}
+
+
+def test_every_link_into_another_page_finds_its_heading():
+    """``[x](docs/runtime.md#heading)``: the page exists and has the heading (a section that
+    moved to another page breaks such a link silently otherwise)."""
+    bad = []
+    for page in LINKED:
+        for m in LINK.finditer(_prose(page)):
+            target = m.group(1)
+            path, _, frag = target.partition("#")
+            if re.match(r"[a-z]+:", target) or not path or not frag:
+                continue
+            dest = (page.parent / path).resolve()
+            if dest.suffix == ".md" and dest.is_file() and frag not in _anchors(dest):
+                bad.append(f"{_rel(page)}: {target} (no such heading in {_rel(dest)})")
+    assert not bad, "broken links to headings:\n" + "\n".join(bad)
+
+
+#: prose that sends the reader to a section by its title: `README, section "X"` / `sections
+#: "X" and "Y"` (the page named before it); every such title must be a heading of that page
+SECTION_REF = re.compile(r"(\S+?\.md|README)\b[^.\n]{0,40}?\bsections?\s+((?:\"[^\"]+\"(?:,\s*|\s+and\s+)?)+)")
+
+
+def test_every_section_named_in_prose_exists():
+    bad = []
+    for page in LINKED:
+        text = " ".join(_prose(page).split())
+        for m in SECTION_REF.finditer(text):
+            name = m.group(1)
+            dest = ROOT / "README.md" if name == "README" else (page.parent / name).resolve()
+            heads = [h.strip() for h in re.findall(r"^#+\s+(.*)$", _prose(dest), flags=re.M)] \
+                if dest.is_file() else []
+            for title in re.findall(r"\"([^\"]+)\"", m.group(2)):
+                stem = title.rstrip(". ").strip()
+                if not any(h.startswith(stem) for h in heads):
+                    bad.append(f"{_rel(page)}: section {title!r} of {name} (no such heading)")
+    assert not bad, "sections named that do not exist:\n" + "\n".join(bad)

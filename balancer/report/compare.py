@@ -1,5 +1,5 @@
 """Run strategies side by side on one workload and layout: the engine behind ``tools/bench.py``
-and the report command. Returns the stable JSON shape documented in the README."""
+and the report command. Returns the stable JSON shape documented in docs/report.md."""
 from __future__ import annotations
 
 import time

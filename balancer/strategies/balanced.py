@@ -1,7 +1,7 @@
 """``balanced``: ours. LPT on forward + backward cost under the capacity, with look-ahead
 outlier scheduling: a sample far heavier than a unit's typical cost waits (at most
 ``max_delay`` steps) or is read early (at most ``max_advance`` steps) to meet partners of
-similar cost. How it works: the README's "How ``balanced`` works" and ``packing/balanced.py``.
+similar cost. How it works: "How ``balanced`` works" in docs/planner.md and ``packing/balanced.py``.
 
 Knobs: ``max_delay``, ``max_advance``, ``balance`` (what is equalised: microbatches or whole
 ranks, :func:`rank_units`), ``lookahead``, ``lump_tolerance``, ``tail``."""
