@@ -262,3 +262,23 @@ def read_lengths(args) -> tuple[np.ndarray | None, str | None]:
         return workloads.load(args.lengths, n=args.samples, seed=args.seed), \
             Path(args.lengths).stem if args.lengths.endswith(".npy") else args.lengths
     return None, None
+
+
+def manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:
+    """Sample lengths a plan directory points at: a ``.npy`` named in the manifest (top level,
+    its ``extra`` or the ``extra.source`` precompute records), or ``lengths.npy`` inside the
+    directory; None when there is none."""
+    m = manifest if isinstance(manifest, dict) else {}
+    extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
+    source = extra.get("source") if isinstance(extra.get("source"), dict) else {}
+    if source.get("samples") is not None:   # resampled from the file: not its lengths
+        source = {}
+    for where in (m, extra, source):
+        for key in ("lengths", "lengths_path", "lengths_file", "workload"):
+            v = where.get(key)
+            if isinstance(v, str):
+                for cand in (plan_dir / v, Path(v)):
+                    if cand.suffix == ".npy" and cand.is_file():
+                        return workloads.load(str(cand))
+    f = plan_dir / "lengths.npy"
+    return workloads.load(str(f)) if f.is_file() else None

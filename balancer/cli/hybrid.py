@@ -91,14 +91,13 @@ def _stored_hybrid_report(args, *, out: str, plots: bool, quiet: bool, t0: float
     from ..report.hybrid.figures import summarize
     from ..samples import SampleTable
     from ..store.hybrid import load_hybrid_manifest, load_hybrid_plan
-    from .report import _manifest_lengths
     path = Path(args.plan)
     epoch = getattr(args, "epoch", 0) or 0
     manifest = load_hybrid_manifest(path)
     lengths, wname = cli_args.read_lengths(args)
     ds = manifest["dataset"]
     if lengths is None:
-        lengths = _manifest_lengths(manifest, path)
+        lengths = cli_args.manifest_lengths(manifest, path)
         if lengths is not None and SampleTable(lengths).fingerprint() != ds["fingerprint"]:
             lengths = None   # the file changed since: report the plan alone
     wname = wname or path.name

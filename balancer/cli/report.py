@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from . import args as cli_args
-from .args import read_lengths as _read_lengths
+from .args import manifest_lengths as _manifest_lengths, read_lengths as _read_lengths
 from .. import workloads
 from .commands import command
 from .progress import stages
@@ -32,26 +32,6 @@ def _load_stored_plan(path: str, epoch: int = 0):
                          f"report the workload with --lengths instead") from None
     # the report diagnoses coverage and capacity itself: load a broken plan to show it
     return store.load_plan(path, epoch or 0, check_plan=False)
-
-
-def _manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:
-    """Sample lengths a plan directory points at: a ``.npy`` named in the manifest (top level,
-    its ``extra`` or the ``extra.source`` precompute records), or ``lengths.npy`` inside the
-    directory; None when there is none."""
-    m = manifest if isinstance(manifest, dict) else {}
-    extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
-    source = extra.get("source") if isinstance(extra.get("source"), dict) else {}
-    if source.get("samples") is not None:   # resampled from the file: not its lengths
-        source = {}
-    for where in (m, extra, source):
-        for key in ("lengths", "lengths_path", "lengths_file", "workload"):
-            v = where.get(key)
-            if isinstance(v, str):
-                for cand in (plan_dir / v, Path(v)):
-                    if cand.suffix == ".npy" and cand.is_file():
-                        return workloads.load(str(cand))
-    f = plan_dir / "lengths.npy"
-    return workloads.load(str(f)) if f.is_file() else None
 
 
 def _plan_cost_model(name: str | None, manifest: dict, plan: Plan) -> CostModel:
