@@ -181,6 +181,13 @@ class PackedTrainerMixin(PackedEpochsMixin, PackedEvalMixin):
         trainer = self
 
         class _Log(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                online = trainer.packed_online
+                if state.global_step and online.steps_done == 0 and not online.obs.step:
+                    # resumed from a checkpoint: its steps go on from the Trainer's (the
+                    # refit cadence and the logged balancer/step), not from 0
+                    online.steps_done = int(state.global_step)
+
             def on_step_end(self, args, state, control, **kw):
                 for r in trainer.packed_online.step_done():
                     if r["type"] == "step":

@@ -19,7 +19,7 @@ from balancer.loader.online import OnlineConfig  # noqa: E402
 from integration_helpers import VOCAB, tiny_llama  # noqa: E402
 
 
-def _trainer(tmp_path, online):
+def _trainer(tmp_path, online, **kw):
     from transformers import Trainer, TrainingArguments
 
     class PackedTrainer(PackedTrainerMixin, Trainer):
@@ -31,8 +31,9 @@ def _trainer(tmp_path, online):
                                  PlannerConfig(seed=2))
     args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True,
                              gradient_accumulation_steps=2, max_steps=6, optim="sgd",
-                             learning_rate=0.1, report_to=[], save_strategy="no",
-                             logging_steps=1000, disable_tqdm=True, dataloader_num_workers=0)
+                             learning_rate=0.1, report_to=[], logging_steps=1000,
+                             disable_tqdm=True, dataloader_num_workers=0,
+                             **{"save_strategy": "no", **kw})
     return PackedTrainer(model=tiny_llama(), args=args,
                          train_dataset=FlatTokens.from_lengths(lengths, vocab=VOCAB, seed=3),
                          packed_sampler=sampler, compute_loss_func=causal_lm_loss,
@@ -57,3 +58,18 @@ def test_trainer_logs_predicted_vs_measured(tmp_path):
 def test_trainer_refuses_refit(tmp_path):
     with pytest.raises(ValueError, match="refit=False"):
         _trainer(tmp_path, OnlineConfig(every=3))
+
+
+def test_resumed_trainer_logs_the_checkpoint_steps_on(tmp_path):
+    # a run resumed from a checkpoint at step 3 logs steps 3, 4, 5 (the Trainer's), not 0, 1, 2
+    tr = _trainer(tmp_path, OnlineConfig(every=3, skip_steps=0, refit=False),
+                  save_strategy="steps", save_steps=3)
+    tr.train()
+    tr = _trainer(tmp_path, OnlineConfig(every=3, skip_steps=0, refit=False),
+                  save_strategy="steps", save_steps=3)
+    (tmp_path / "m.jsonl").unlink()
+    tr.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-3"))
+    logged = [h["balancer/step"] for h in tr.state.log_history if "balancer/step" in h]
+    assert logged[-3:] == [3, 4, 5]
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [3, 4, 5]
