@@ -15,7 +15,7 @@ import numpy as np
 
 from packing.chunking import expand_pieces
 
-from ..config import Layout, PlannerConfig, step_budget
+from ..config import MAX_COUNT, Layout, PlannerConfig, step_budget
 from ..cost.blocks import doc_totals
 from ..cost.model import CostModel
 from ..samples import SampleTable
@@ -47,6 +47,12 @@ def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:
     return lengths.take(idx)
 
 
+#: pieces one sample may be cut into (``over_length='chunk'``): the bound of every count
+#: (:data:`balancer.config.MAX_COUNT`); a length that needs more is refused before its pieces
+#: are made (2**40 tokens at capacity 8192 would be 2**27 pieces, 3 GiB of items)
+MAX_PIECES = MAX_COUNT
+
+
 def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
                over_length: str, ordered: Optional[np.ndarray] = None) -> tuple[Items, dict]:
     """Items in stream order. A sample whose padded size exceeds the capacity raises (policy
@@ -70,7 +76,16 @@ def make_items(order: np.ndarray, lengths: np.ndarray, capacity: int, cp: int,
         raise ValueError(f"sample {int(order[k])}: length {int(ordered[k])} exceeds {limit}; "
                          f"use over_length='chunk' to cut it into pieces")
     n_chunked = int(too_long.sum())
+    long_at = np.flatnonzero(too_long)
     del too_long
+    pieces = (ordered[long_at] - 1) // max_piece + 1
+    over = np.flatnonzero(pieces > MAX_PIECES)
+    if over.size:   # before a piece is made: a corrupt length would fill the memory first
+        k = int(long_at[over[0]])
+        raise ValueError(f"sample {int(order[k])}: length {int(ordered[k])} would be cut into "
+                         f"{int(pieces[over[0]])} pieces of {max_piece} tokens, over the limit "
+                         f"of {MAX_PIECES} (2**20) pieces per sample (over_length='chunk'); "
+                         f"check that length, or raise the capacity")
     sample, start, length = expand_pieces(order, ordered, max_piece)
     stats = {"samples_chunked": n_chunked, "pieces_added": int(sample.shape[0] - order.shape[0])}
     return Items(sample, start, length), stats

@@ -27,14 +27,14 @@ from ...strategies.hybrid import OverLimit, cut_documents, global_batches, plan_
 from ...strategies.hybrid_stream import StreamResult, plan_hybrid_stream, plan_stream, stream_steps
 from ...strategies.megatron_hybrid import plan_megatron_hybrid
 from .bound import HybridEstimate, doc_bounds, estimate, tight_lower_bound
-from .dispatch import (HYBRID_DEFAULT_STRATEGY, HYBRID_STRATEGIES, check_pool_limit,
+from .dispatch import (HYBRID_DEFAULT_STRATEGY, HYBRID_STRATEGIES, check_pieces, check_pool_limit,
                        cp_cost_model, default_strategies, fixed_degrees, hybrid_config,
                        plan_strategy)
 from .epoch import HYBRID_MAX_DELAY, plan_hybrid_epoch
 from .rounds import fixed_to_rounds
 
 __all__ = ["HYBRID_DEFAULT_STRATEGY", "HYBRID_MAX_DELAY", "HYBRID_STRATEGIES", "HybridEstimate",
-           "OverLimit", "StreamResult", "check_pool_limit", "cp_cost_model", "cut_documents",
+           "OverLimit", "StreamResult", "check_pieces", "check_pool_limit", "cp_cost_model", "cut_documents",
            "default_strategies", "doc_bounds", "estimate", "fixed_degrees", "fixed_to_rounds",
            "global_batches", "hybrid_config", "plan_fixed_cp", "plan_hybrid", "plan_hybrid_epoch",
            "plan_hybrid_stream", "plan_megatron_hybrid", "plan_stream", "plan_strategy",

@@ -76,6 +76,32 @@ def check_pool_limit(lengths: np.ndarray, cost: CPCostModel, n_ranks: int,
                          f"such documents into pieces (counted as documents_cut)")
 
 
+def check_pieces(lengths: np.ndarray, cost: CPCostModel, n_ranks: int, name: str,
+                 over_length: str) -> None:
+    """Refuse, before any piece is made, a sample the strategy ``name`` would cut into more
+    than :data:`balancer.planning.stream.MAX_PIECES` pieces (``fixed_cp<c>``: pieces of what
+    a group of ``c`` holds; ``over_length="chunk"``: of the pool's limit), naming the sample by
+    its id in ``lengths``, its length and the limit (a corrupt length of 2**40 would otherwise
+    fill the memory with its pieces first)."""
+    from ..stream import MAX_PIECES
+    if name.startswith("fixed_cp") and name[len("fixed_cp"):].isdigit():
+        piece = cost.doc_limit(int(name[len("fixed_cp"):]))
+    elif over_length == "chunk":
+        piece = cost.pool_limit(n_ranks)[0]
+    else:
+        return
+    if piece < 1:
+        return
+    L = np.asarray(lengths)
+    over = np.flatnonzero(L > MAX_PIECES * piece)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"sample {i}: length {int(L[i])} would be cut into "
+                         f"{(int(L[i]) - 1) // piece + 1} pieces of at most {piece} tokens "
+                         f"({name}), over the limit of {MAX_PIECES} (2**20) pieces per sample; "
+                         f"check that length, or raise the rank capacity")
+
+
 @renamed(over_limit="over_length", model="cost")
 def plan_strategy(name: str, lengths: np.ndarray, cost: CPCostModel, n_ranks: int,
                   batch_tokens: int, config: Optional[PlannerConfig] = None, *,
@@ -94,6 +120,7 @@ def plan_strategy(name: str, lengths: np.ndarray, cost: CPCostModel, n_ranks: in
     return fn(np.asarray(lengths, np.int64), cost, int(n_ranks), int(batch_tokens), config)
 
 
-__all__ = ["HYBRID_DEFAULT_STRATEGY", "HYBRID_STRATEGIES", "check_pool_limit", "cp_cost_model",
+__all__ = ["HYBRID_DEFAULT_STRATEGY", "HYBRID_STRATEGIES", "check_pieces", "check_pool_limit",
+           "cp_cost_model",
            "default_strategies", "fixed_degrees", "global_batches", "hybrid_config",
            "plan_strategy"]

@@ -20,7 +20,8 @@ from ...config import MODE_DEFAULTS, PlannerConfig, renamed
 from ...cost.cp import CPCostModel
 from ...strategies import registry as strategies
 from ..stream import epoch_order
-from .dispatch import HYBRID_DEFAULT_STRATEGY, check_pool_limit, hybrid_config, plan_strategy
+from .dispatch import (HYBRID_DEFAULT_STRATEGY, check_pieces, check_pool_limit, hybrid_config,
+                       plan_strategy)
 
 #: steps a document may move from its global batch (hybrid_stream), the hybrid mode's default
 #: (:data:`balancer.config.MODE_DEFAULTS`, where the reason is)
@@ -51,6 +52,7 @@ def plan_hybrid_epoch(lengths: np.ndarray, cost: CPCostModel, n_ranks: int, batc
     lengths = np.asarray(lengths, dtype=np.int64)
     if "over_length" in strategies.knobs(config.strategy):   # fixed_cp<c> cuts by design
         check_pool_limit(lengths, cost, n_ranks, config.over_length)   # names the sample
+    check_pieces(lengths, cost, n_ranks, config.strategy, config.over_length)
     order = epoch_order(lengths.shape[0], config.seed, epoch)
     plan, _ = plan_strategy(config.strategy, lengths[order], cost, n_ranks, batch_tokens,
                             config)

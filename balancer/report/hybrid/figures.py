@@ -23,7 +23,8 @@ from packing.hybrid_cp import HybridPlan, check_plan
 
 from ...config import PlannerConfig, renamed
 from ...cost.cp import CPCostModel
-from ...planning.hybrid import (HYBRID_DEFAULT_STRATEGY, HYBRID_STRATEGIES, check_pool_limit,
+from ...planning.hybrid import (HYBRID_DEFAULT_STRATEGY, HYBRID_STRATEGIES, check_pieces,
+                                check_pool_limit,
                                 estimate, fixed_degrees, fixed_to_rounds, hybrid_config,
                                 plan_strategy)
 from ...strategies import registry as strategies
@@ -160,6 +161,8 @@ def compare_hybrid(lengths: np.ndarray, cost: CPCostModel, n_ranks: int, batch_t
     P = int(n_ranks)
     if any("over_length" in strategies.knobs(n) for n in names):  # fixed_cp<c> cuts by design
         check_pool_limit(lengths, cost, P, config.over_length)
+    for name in names:
+        check_pieces(lengths, cost, P, name, config.over_length)
     blocks, details, plans = {}, {}, {}
     for name in names:
         plan, secs = plan_strategy(name, stream, cost, P, batch_tokens, config)
