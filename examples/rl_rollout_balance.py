@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import balancer
+from _common import at_least
 
 
 def rollout(rank: int, step: int, batch: int, prompt: int, response: int) -> dict:
@@ -155,12 +156,12 @@ def worker(rank: int, world: int, init: str, args) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=16, help="rollouts per rank")
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--response", type=int, default=2048)
-    ap.add_argument("--capacity", type=int, default=4096)
+    ap.add_argument("--world", type=at_least(1), default=2)
+    ap.add_argument("--steps", type=at_least(1), default=2)
+    ap.add_argument("--batch", type=at_least(1), default=16, help="rollouts per rank")
+    ap.add_argument("--prompt", type=at_least(1), default=256)
+    ap.add_argument("--response", type=at_least(1), default=2048)
+    ap.add_argument("--capacity", type=at_least(1), default=4096)
     ap.add_argument("--cost-model", default="llama-7b")
     ap.add_argument("--resume", action="store_true",
                     help="checkpoint after step steps // 2, resume it in fresh processes")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import balancer
+from _common import at_least
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: nothing to fetch
 
@@ -145,15 +146,15 @@ def report(everyone, args) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--docs", type=int, default=600)
-    ap.add_argument("--shards", type=int, default=4, help="files (split_dataset_by_node gives "
+    ap.add_argument("--world", type=at_least(1), default=2)
+    ap.add_argument("--docs", type=at_least(1), default=600)
+    ap.add_argument("--shards", type=at_least(1), default=4, help="files (split_dataset_by_node gives "
                     "each rank whole shards when shards %% world == 0)")
-    ap.add_argument("--capacity", type=int, default=2048)
-    ap.add_argument("--microbatches", type=int, default=2)
-    ap.add_argument("--stop-after", type=int, default=10, help="microbatches before the restart")
+    ap.add_argument("--capacity", type=at_least(1), default=2048)
+    ap.add_argument("--microbatches", type=at_least(1), default=2)
+    ap.add_argument("--stop-after", type=at_least(0), default=10, help="microbatches before the restart")
     ap.add_argument("--cost-model", default="llama-7b")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=at_least(0), default=0)
     args = ap.parse_args(argv)
     balancer.warmup(["fixed"])  # compiled once here: the spawned ranks load the kernels
     import torch.multiprocessing as mp

@@ -27,21 +27,21 @@ from balancer import (Layout, PackedBatchSampler, PlannerConfig, SampleTable, lo
                       plan_epoch, workloads)
 from balancer.integrations.sync import lockstep_imbalance, rank_sum_imbalance
 
-from _common import TESTED_WITH, report
+from _common import TESTED_WITH, at_least, report
 
 # (workload, samples or None for all, capacity): the bench suite's capacities
 WORKLOADS = [("wlbllm", None, 131072), ("wikipedia", None, 32768), ("prolong", None, 65536),
              ("bimodal-sft", 500_000, 16384)]
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=None, help="resample every workload to N")
-    ap.add_argument("--dp", type=int, default=8)
-    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--samples", type=at_least(1), default=None, help="resample every workload to N")
+    ap.add_argument("--dp", type=at_least(1), default=8)
+    ap.add_argument("--microbatches", type=at_least(1), default=4)
     ap.add_argument("--resume", action="store_true",
                     help="checkpoint each sync's samplers mid-epoch, resume in fresh ones")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.resume:
         return resume(a)
     cost = load_cost_model("quadratic-64k")
