@@ -66,6 +66,9 @@ _JOB = set(PrecomputeJob.model_fields)
 _LAYOUT = set(Layout.model_fields)
 _PLANNER = set(PlannerConfig.model_fields)
 _RUN_ONLY = {"config", "strategies", "overwrite", "progress", "_run"}
+#: every job, layout and planner field is a precompute flag of the same name, dashed
+_FLAGS = {**{k: "--" + k.replace("_", "-") for k in _JOB | _LAYOUT | _PLANNER},
+          **cli_args.FLAGS}
 
 
 _flag_type = cli_args.flag_type  # one derivation of flags from config fields
@@ -163,7 +166,8 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
     try:
         job = PrecomputeJob(**{k: v for k, v in values.items() if k in _JOB})
     except ValidationError as e:
-        raise ValueError(cli_args.flag_errors(e)) from None
+        raise ValueError(cli_args.flag_errors(e, _FLAGS)) from None
+    _refuse_unused_input_flags(args, job)
     cost = load_cost_model(job.cost_model)
     lay = {k: v for k, v in values.items() if k in _LAYOUT and v is not None}
     if "capacity" not in lay:
@@ -175,8 +179,30 @@ def resolve(args: argparse.Namespace) -> tuple[PrecomputeJob, Layout, PlannerCon
         config = PlannerConfig(**{k: v for k, v in values.items() if k in _PLANNER and
                                   (v is not None or PlannerConfig.model_fields[k].default is None)})
     except ValidationError as e:
-        raise ValueError(cli_args.flag_errors(e)) from None
+        raise ValueError(cli_args.flag_errors(e, _FLAGS)) from None
     return job, layout, config, cost
+
+
+def _refuse_unused_input_flags(args, job: PrecomputeJob) -> None:
+    """A flag given on the command line that the input it came with does not read is an error
+    (the plan would be written without it, silently): a column, the processes measuring one
+    and a shard cache mean nothing to ``--lengths FILE.npy|NAME`` (the lengths themselves),
+    a shard cache nothing to ``--dataset``."""
+    from ..shards import is_sharded
+    given = [k for k in ("length_column", "tokens_column", "num_proc", "lengths_cache")
+             if k in vars(args)]
+    if job.lengths:
+        sharded = is_sharded(job.lengths)
+        unused = [k for k in given if k in ("tokens_column", "num_proc")
+                  or (not sharded and k in ("length_column", "lengths_cache"))]
+        what = (f"--lengths {job.lengths} holds the lengths themselves (columns are read from "
+                f"--dataset, or --length-column from parquet shards)")
+    else:
+        unused = [k for k in given if k == "lengths_cache"]
+        what = f"--dataset {job.dataset} is read in place (--lengths-cache is for length shards)"
+    if unused:
+        flags = ", ".join(_FLAGS[k] for k in unused)
+        raise ValueError(f"{flags}: not used by this input: {what}; leave {flags} out")
 
 
 def load_samples(job: PrecomputeJob, seed: int = 0, order: str = "permutation"):
