@@ -114,9 +114,14 @@ def make_dataset(folder, workload: str, samples: int, scale: float, vocab: int,
     lengths of ``workload`` times ``scale``. Documents are learnable: each is an arithmetic
     progression modulo ``vocab`` with its own start and stride
     (:func:`tools.ranks.write_documents`)."""
+    return write_documents(folder, dataset_lengths(workload, samples, scale, seed), vocab, seed)
+
+
+def dataset_lengths(workload: str, samples: int, scale: float, seed: int = 0) -> np.ndarray:
+    """int64[samples]: the document lengths :func:`make_dataset` writes."""
     from balancer import workloads
     lengths = np.maximum(1, np.round(workloads.load(workload, n=samples, seed=seed) * scale))
-    return write_documents(folder, lengths.astype(np.int64), vocab, seed)
+    return lengths.astype(np.int64)
 
 
 def eval_batches(args) -> list[tuple]:
@@ -162,11 +167,10 @@ def eval_loss(model, batches) -> float:
 
 # ---- the per-rank loop ----------------------------------------------------------------------
 
-def build_loader(args, ds, rank: int, world: int):
-    from balancer import Layout, PlannerConfig, SampleTable, load_cost_model
-    from balancer.loader.collate import PackedCollator, PackedDataset
-    from balancer.loader.sampler import PackedBatchSampler
-    cost = load_cost_model(args.cost_model)
+def plan_setup(args, world: int):
+    """The ``(Layout, PlannerConfig)`` every rank plans with (the proof tool re-plans with
+    them)."""
+    from balancer import Layout, PlannerConfig
     layout = Layout(dp=world, microbatches=args.microbatches, capacity=args.capacity)
     seed = args.seed if args.shuffle_seed is None else args.shuffle_seed
     window = args.window_samples
@@ -174,6 +178,15 @@ def build_loader(args, ds, rank: int, world: int):
         window = 200  # a window of about 5 steps: a refit re-plans from the next window on
     config = PlannerConfig(strategy=args.strategy, seed=seed, max_delay=args.max_delay,
                            over_length="chunk", window_samples=window)
+    return layout, config
+
+
+def build_loader(args, ds, rank: int, world: int):
+    from balancer import SampleTable, load_cost_model
+    from balancer.loader.collate import PackedCollator, PackedDataset
+    from balancer.loader.sampler import PackedBatchSampler
+    cost = load_cost_model(args.cost_model)
+    layout, config = plan_setup(args, world)
     samples = SampleTable.from_dataset(ds, "length")
     sampler = PackedBatchSampler(samples, cost, layout, config)
     loader = torch.utils.data.DataLoader(
@@ -278,7 +291,8 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> list[dict]:
     if online is not None and records:
         if done % args.refit_every:
             online.exchange()  # the last steps' times (a collective: every rank is here)
-        records[-1]["online_calibration"] = online.summary()
+        records[-1]["online_calibration"] = {**online.summary(),
+                                             "observations": online.observations()}
     return records
 
 
