@@ -90,6 +90,7 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     """Everything ``python -m balancer report`` does; returns the report dict (with
     ``report_seconds`` and ``files``)."""
     from ..planning.warmup import warmup
+    _refuse_unused(args)
     given = {k: getattr(args, k, None) is not None for k in ("dp", "microbatches")}
     args = _with_layout_default(args)
     if getattr(args, "plan", None):
@@ -160,6 +161,23 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     finally:
         bar.close()
     return _finish(report, details, lengths, cost, out, plots, quiet, t0, files)
+
+
+def _refuse_unused(args) -> None:
+    """A flag the input does not read is an error, not ignored: ``--epoch`` reads ``--plan``,
+    ``--split`` / ``--length-column`` / ``--tokens-column`` read ``--dataset``."""
+    unused = []
+    if not getattr(args, "plan", None) and getattr(args, "epoch", 0) not in (0, None):
+        unused.append(f"--epoch {args.epoch} (it picks an epoch of --plan PLAN_DIR)")
+    if not getattr(args, "dataset", None):
+        for flag, key, default in (("--split", "split", "train"),
+                                   ("--length-column", "length_column", "length"),
+                                   ("--tokens-column", "tokens_column", None)):
+            v = getattr(args, key, default)
+            if v != default:
+                unused.append(f"{flag} {v} (it reads --dataset DIR)")
+    if unused:
+        raise ValueError("not used by this input: " + "; ".join(unused) + "; leave it out")
 
 
 def _with_layout_default(args):
