@@ -93,3 +93,8 @@ def test_calibrate_online_two_ranks(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["type"] == "step"] == list(range(7))
     assert len(log["steps"]) == 7
+    # every timed microbatch of every rank, with its documents (the proof scores plans on them)
+    obs = on["observations"]
+    assert len(obs["step"]) == sum(sum(e["microbatches"]) for e in log["steps"])
+    assert sorted(set(obs["rank"])) == [0, 1] and sorted(set(obs["step"])) == list(range(7))
+    assert all(len(x) >= 1 for x in obs["lengths"]) and min(obs["seconds"]) > 0
