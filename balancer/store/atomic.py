@@ -25,6 +25,10 @@ from .verified import is_stamp_file
 
 # ---- atomic plan directories --------------------------------------------------------------
 _EPOCH_RE = re.compile(r"epoch-\d{4,}")
+#: the planned windows a rank of a distributed precompute keeps until every rank's sizes are
+#: known (:func:`balancer.store.precompute._precompute_distributed`): ``<window>.npz`` files
+_SPILL_RE = re.compile(r"\.spill-epoch\d+-rank\d+")
+_SPILL_FILE_RE = re.compile(r"\d+\.npz")
 _HIDDEN_RE = re.compile(r"(?P<kind>partial|old)-(?:(?P<host>.+)-(?P<pid>\d+)-)?[0-9a-f]{8}")
 
 
@@ -50,13 +54,21 @@ def manifest_digest(manifest: dict) -> str:
 def foreign_entry(path) -> Optional[str]:
     """The first entry of directory ``path`` that a plan store does not hold (relative name), or
     None when it holds only ``manifest.json`` and ``epoch-NNNN/<array>.npy`` regular files
-    (and the ``epoch-NNNN/verified.*`` stamps that readers leave)."""
+    (and the ``epoch-NNNN/verified.*`` stamps that readers leave, the ``.spill-epochE-rankR/
+    <window>.npz`` files of a killed distributed precompute)."""
     path = Path(path)
     for p in sorted(path.iterdir()):
         mode = _lstat_mode(p)
         if mode is None:
             continue
         if p.name == MANIFEST and stat.S_ISREG(mode):
+            continue
+        if _SPILL_RE.fullmatch(p.name) and stat.S_ISDIR(mode):
+            for q in sorted(p.iterdir()):
+                mode = _lstat_mode(q)
+                if mode is not None and not (_SPILL_FILE_RE.fullmatch(q.name)
+                                             and stat.S_ISREG(mode)):
+                    return f"{p.name}/{q.name}"
             continue
         if not (_EPOCH_RE.fullmatch(p.name) and stat.S_ISDIR(mode)):
             return p.name
