@@ -15,6 +15,7 @@ from .balanced_pool import _compact_pool, _grow, _grow_bool, _grow_float, _grow_
 from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
                             _with_fresh)
 from .delay import _schedule_lumps
+from .rank_swap import SWAP_TOL, _rank_swaps
 from .steppack import _pack_step, _priority_order
 
 _CHUNK = 1024  # pool slots made room for at once by the intake
@@ -374,6 +375,15 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 pos += 1
         if tail_break:
             break
+        # whole-rank units: exchanges between the costliest and the cheapest rank while the
+        # step is more than 0.5% above its lower bound (packing.rank_swap)
+        if rank_units and dp > 1:
+            if _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capacity,
+                           np.float64(SWAP_TOL), 2 * dp + 8) > 0:
+                bin_cost[:] = 0.0
+                for t in range(items.shape[0]):
+                    if bin_of[t] >= 0:
+                        bin_cost[bin_of[t]] += costs[items[t]]
         # final microbatch order (rank-major, cost descending inside a rank, 1F1B with pp > 1)
         # and the step's entries
         _bin_positions(bin_cost, dp, m, rank_units, pp, scratch)

@@ -11,6 +11,7 @@ import numpy as np
 
 from .partition import balanced_equal, lpt_equal
 from .pipeline import pipeline_order
+from .rank_swap import rank_swaps
 from .steppack import pack_step
 
 TAILS = ("partial", "carry", "drop")
@@ -128,6 +129,14 @@ def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1)
     if (bin_count == 0).any():
         _fill_empty_bins(b, costs[items[placed]], bin_count)
         bin_cost = np.bincount(b, weights=costs[items[placed]], minlength=dp * m)
+    if balance and rank_units and dp > 1:
+        # the exchange pass of the main loop (packing.rank_swap) on this step too: a tail or a
+        # batch planned alone is balanced like every other step
+        b = np.ascontiguousarray(b, dtype=np.int64)
+        tokens = np.bincount(b, weights=sizes[items[placed]], minlength=dp * m).astype(np.int64)
+        count = np.bincount(b, minlength=dp * m).astype(np.int64)
+        if rank_swaps(items[placed], sizes, costs, b, tokens, count, dp, m, capacity) > 0:
+            bin_cost = np.bincount(b, weights=costs[items[placed]], minlength=dp * m)
     pos = _order_bins(bin_cost, dp, m, rank_units, balance, pp)
     out, counts, o = _assemble(items[placed], b, dp * m, pos)
     return out, counts, placed[o], rest

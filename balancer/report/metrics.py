@@ -9,6 +9,9 @@ Definitions (the JSON keys of ``tools/bench.py`` and ``python -m balancer report
   per-document zigzag sharding (documents padded to a multiple of 2 cp);
 * ``pp_bubble_fraction``: per step, the idle fraction of the slowest rank's pipeline;
 * ``lower_bound_ratio``: per step, max per-rank cost over max(total / dp, largest document);
+* ``capacity_lower_bound_ratio``: the same over a bound that counts token capacity
+  (:func:`step_capacity_bound`: ranks hold at most their microbatches' tokens, documents are
+  indivisible), so at most ``lower_bound_ratio`` and never below 1;
 * ``packing_efficiency``: tokens / (microbatches x capacity);
 * ``outlier_delay_steps``: delay of the documents that waited at all (mean) and the maximum.
 """
@@ -428,3 +431,92 @@ def speedup(baseline_time: float, time: float) -> float:
     """Estimated end-to-end speedup of a plan taking ``time`` over one taking
     ``baseline_time`` (epoch totals in the same units); > 1 means faster."""
     return float(baseline_time / time) if time > 0 else float("nan")
+
+
+def step_capacity_bound(lengths, costs, dp: int, rank_tokens: int, rank_constant: float = 0.0,
+                        top: int | None = None) -> float:
+    """A lower bound on the costliest of ``dp`` ranks' cost for one step's documents
+    (``lengths`` int, ``costs`` float, indivisible) when a rank holds at most ``rank_tokens``
+    tokens and carries ``rank_constant`` besides its documents (its microbatches' constants).
+
+    The simple bound, max(total / dp, costliest document), ignores that the ranks are
+    token-capped: the other dp - 1 ranks hold at most (dp - 1) x rank_tokens, so every rank
+    holds at least ``need`` = tokens - (dp - 1) x rank_tokens of them, and under a
+    superlinear cost the rank that holds a long document cannot make up those tokens for free.
+    With ``fill(t)`` the least cost of t tokens taken fractionally from the cheapest tokens
+    (documents by cost per token) of the documents not already counted, the bound is the
+    largest of
+
+    * total / dp and the costliest document (the simple bound);
+    * for every document i: ``c_i + fill(need - L_i)`` (the rank holding i);
+    * for the ``top`` (default dp + 1) costliest documents, of which some rank holds two:
+      the least over their pairs of ``c_a + c_b + fill(need - L_a - L_b)``;
+
+    plus ``rank_constant``. Every term relaxes a real rank (fractional documents, only the
+    rank's token total constrained), so no plan beats it."""
+    L = np.asarray(lengths, dtype=np.float64)
+    c = np.asarray(costs, dtype=np.float64)
+    n = L.shape[0]
+    if n == 0:
+        return float(rank_constant)
+    best = max(c.sum() / dp, c.max())
+    need = L.sum() - (dp - 1) * float(rank_tokens)
+    if need > 0:
+        o = np.lexsort((np.arange(n), c / np.maximum(L, 1.0)))   # cheapest tokens first
+        P = np.concatenate([[0.0], np.cumsum(L[o])])              # tokens of the first k
+        Q = np.concatenate([[0.0], np.cumsum(c[o])])              # their cost
+        rank = np.empty(n, dtype=np.int64)
+        rank[o] = np.arange(n)
+
+        def fill(t, skip_lo, skip_hi):
+            # fill(t) without the docs at density ranks skip_lo <= skip_hi (arrays; -1: none):
+            # tokens past a skipped doc's place shift by its length, and its cost comes off
+            t = np.maximum(t, 0.0)
+            shift = np.zeros_like(t)
+            off = np.zeros_like(t)
+            for s in (skip_lo, skip_hi):
+                ok = s >= 0
+                past = ok & (t + shift > P[np.maximum(s, 0)])
+                shift = np.where(past, shift + L[o][np.maximum(s, 0)], shift)
+                off = np.where(past, off + c[o][np.maximum(s, 0)], off)
+            return np.interp(t + shift, P, Q) - off
+
+        none = np.full(n, -1, dtype=np.int64)
+        best = max(best, float((c + fill(need - L, rank, none)).max()))
+        k = min(n, dp + 1 if top is None else top)
+        if k > dp:
+            t = np.argsort(-c, kind="stable")[:k]
+            a, b = np.triu_indices(k, 1)
+            a, b = t[a], t[b]
+            lo = np.minimum(rank[a], rank[b])
+            hi = np.maximum(rank[a], rank[b])
+            pair = c[a] + c[b] + fill(need - L[a] - L[b], lo, hi)
+            best = max(best, float(pair.min()))
+    return float(best + rank_constant)
+
+
+def capacity_lower_bound_ratio(plan: Plan, cost: CostModel) -> np.ndarray:
+    """Per step: the costliest DP rank's cost (documents and microbatch constants, as
+    ``lower_bound_ratio`` counts it) over :func:`step_capacity_bound` of the step's documents
+    (a rank holds ``step_mbs x capacity`` tokens), float64[S]. At least 1 for every plan;
+    ``lower_bound_ratio`` >= this ratio, the gap between them what token capacity forces."""
+    lay = plan.layout
+    S = plan.n_steps
+    if S == 0:
+        return np.zeros(0)
+    fwd, bwd = cost.doc_costs(plan.entry_length)
+    doc_c = fwd + bwd
+    cf, cb = cost.microbatch_constant
+    mb_f, mb_b = microbatch_costs(plan, cost)
+    g = _rank_groups(plan)
+    rank_sum = np.bincount(g, weights=mb_f + mb_b, minlength=S * lay.dp).reshape(S, lay.dp)
+    rank_mbs = np.bincount(g, minlength=S * lay.dp).reshape(S, lay.dp)
+    eo = plan.mb_offsets[plan.step_offsets]
+    out = np.empty(S)
+    for s in range(S):
+        lo, hi = eo[s], eo[s + 1]
+        lb = step_capacity_bound(plan.entry_length[lo:hi], doc_c[lo:hi], lay.dp,
+                                 int(plan.step_mbs[s]) * lay.capacity,
+                                 float(rank_mbs[s].min()) * (cf + cb))
+        out[s] = rank_sum[s].max() / lb if lb > 0 else 1.0
+    return out

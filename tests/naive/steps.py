@@ -177,16 +177,137 @@ def bin_positions(bin_cost, dp, m, rank_units, balance, pp=1):
     return pos
 
 
+def _best_exchange(sz, cs, b_of, tokens, count, m, capacity, top, U, V, cu, cv):
+    """The best exchange of :func:`rank_swaps` between ranks U and V: (what, cost moved), or
+    None."""
+    nc = len(b_of)
+    gap = cu - cv
+    ua = [t for t in range(nc) if b_of[t] // m == U]
+    vt = sorted([t for t in range(nc) if b_of[t] // m == V], key=lambda t: (cs[t], t))
+    best, pick = cu, None
+
+    def consider(d, what):
+        nonlocal best, pick
+        nm = max(cu - d, cv + d)
+        if nm < best:
+            best, pick = nm, (what, d)
+
+    for ta in ua:
+        A = b_of[ta]
+        if count[A] >= 2 and float(cs[ta]) < gap:
+            for B in range(V * m, V * m + m):
+                if capacity - tokens[B] >= int(sz[ta]):
+                    consider(float(cs[ta]), ("move", ta, B))
+    for ta in ua:
+        A = b_of[ta]
+        sa, ca = int(sz[ta]), float(cs[ta])
+        room_a = capacity - tokens[A] + sa
+        for tb in vt:
+            B = b_of[tb]
+            sb, cb = int(sz[tb]), float(cs[tb])
+            if ca - gap < cb < ca and sb <= room_a and sa <= capacity - tokens[B] + sb:
+                consider(ca - cb, ("swap", ta, tb))
+    by_cost = lambda ts: sorted(ts, key=lambda t: (-cs[t], t))[:top]  # noqa: E731
+    for ta in by_cost(ua):
+        A = b_of[ta]
+        sa, ca = int(sz[ta]), float(cs[ta])
+        room_a = capacity - tokens[A] + sa
+        for tb in by_cost(vt):
+            B = b_of[tb]
+            sb, cb = int(sz[tb]), float(cs[tb])
+            if cb >= ca:
+                continue
+            lo_c, hi_c = max(sa - (capacity - tokens[B] + sb), 1), room_a - sb
+            for tc in vt:
+                if tc == tb or b_of[tc] != B or not lo_c <= int(sz[tc]) <= hi_c:
+                    continue
+                d = (ca - cb) - float(cs[tc])
+                if d > 0.0:
+                    consider(d, ("two", ta, tb, tc))
+    return pick
+
+
+def rank_swaps(sz, cs, b_of, dp, m, capacity, tol=5e-3, rounds=None, top=8, tries=8):
+    """Exchanges between whole ranks of a packed step (rank r holds bins r*m..r*m+m-1), the
+    policy of ``packing.rank_swap``: while the costliest rank U (lowest index on ties) is more
+    than ``tol`` above the step's lower bound (max(total / dp, the costliest item)), the
+    exchange with a cheaper rank V whose new max(cost U, cost V) is smallest and below U's cost,
+    the first found on ties, V the first of the ``tries`` cheapest ranks by (cost, index) that
+    has one, looked for in this order:
+
+    1. moves: a of U (item order) into a bin of V with room (by bin), a's bin keeping an item;
+    2. swaps: a of U (item order) for b of V (by (cost, item order)), both bins within capacity;
+    3. two-for-one: a among U's ``top`` costliest items, b among V's (both by (cost descending,
+       item order)), cb < ca, and c of b's bin (V's items by (cost, item order)): b and c into
+       a's bin, a into theirs, both within capacity.
+
+    ``sz``/``cs``: sizes and costs of the placed items in item order; ``b_of`` (their bins) is
+    changed in place. Returns the number of exchanges."""
+    nc = len(b_of)
+    rounds = 2 * dp + 8 if rounds is None else rounds
+    tokens = [0] * (dp * m)
+    count = [0] * (dp * m)
+    for t in range(nc):
+        tokens[b_of[t]] += int(sz[t])
+        count[b_of[t]] += 1
+    uc = [0.0] * dp
+    for t in range(nc):
+        uc[b_of[t] // m] += cs[t]
+    total = 0.0
+    for u in range(dp):
+        total += uc[u]
+    lb = max(total / dp, max([0.0] + [float(c) for c in cs]))
+    made = 0
+    for _ in range(rounds):
+        U = min(range(dp), key=lambda u: (-uc[u], u))
+        cu = uc[U]
+        if cu <= lb * (1.0 + tol):
+            break
+        pick = None
+        for V in sorted(range(dp), key=lambda u: (uc[u], u))[:tries]:
+            cv = uc[V]
+            if cv >= cu:
+                break
+            pick = _best_exchange(sz, cs, b_of, tokens, count, m, capacity, top, U, V, cu, cv)
+            if pick is not None:
+                break
+        if pick is None:
+            break
+        what, d = pick
+        ta = what[1]
+        A = b_of[ta]
+        if what[0] == "move":
+            moved = [(ta, what[2])]
+        else:
+            moved = [(ta, b_of[what[2]])] + [(t, A) for t in what[2:]]
+        for t, dst in moved:
+            src = b_of[t]
+            tokens[src] -= int(sz[t])
+            count[src] -= 1
+            tokens[dst] += int(sz[t])
+            count[dst] += 1
+            b_of[t] = dst
+        uc[U] = cu - d
+        uc[V] = cv + d
+        made += 1
+    return made
+
+
 def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
     """``items`` (priority order) into exactly dp*m microbatches. Returns (emitted items in final
     order, items per microbatch, index into ``items`` of each emitted one, index of the ones that
-    did not fit)."""
+    did not fit). With ``balance``, whole-rank units and dp > 1 the step goes through
+    :func:`rank_swaps` before its microbatches get their positions (every step: the main loop's
+    and the tail's)."""
     n_units, bpu = (dp, m) if rank_units else (dp * m, 1)
     bin_of, _, _, count = pack_step(items, sizes, costs, n_units, bpu, capacity)
     placed = [k for k, b in enumerate(bin_of) if b >= 0]
     rest = [k for k, b in enumerate(bin_of) if b < 0]
     b_of = [bin_of[k] for k in placed]
     fill_empty_bins(b_of, [costs[items[k]] for k in placed], count)
+    if balance and rank_units and dp > 1:
+        rank_swaps([sizes[items[k]] for k in placed], [costs[items[k]] for k in placed], b_of,
+                   dp, m, capacity)
     bin_cost = [0.0] * (dp * m)
     for k, b in zip(placed, b_of):
         bin_cost[b] += costs[items[k]]

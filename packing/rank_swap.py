@@ -1,0 +1,286 @@
+"""The ``balanced`` planner's exchange pass for whole-rank units (``rank_units``: only per-rank
+cost sums matter). LPT under a token capacity fills every rank to its token capacity, and then
+ranks holding the same tokens differ in cost: under a superlinear cost a rank holding one long
+document costs more than a rank holding the same tokens in two shorter ones, and LPT has no way
+back. This pass takes a packed step and, while its costliest rank is more than ``tol`` above the
+step's lower bound (max(total / dp, the costliest item)), moves cost from the costliest rank U to
+a cheaper rank V by the best of:
+
+* a move: an item a of U into a bin of V with room for it (a's bin keeps an item);
+* a swap: a of U for b of V, each bin keeping within its token capacity;
+* a two-for-one: a of U for b and c of one bin of V (b, c in the same bin, a into it), under the
+  same capacities: a long document of U for a shorter one of V plus a short one that makes up
+  the tokens, which under a superlinear cost moves cost at equal tokens.
+
+"Best" is the exchange whose new max(cost U, cost V) is smallest (the first found on ties, in
+item order), applied only when it is below U's cost; V is the cheapest rank that has such an
+exchange among the ``_V_TRIES`` cheapest (tried from the cheapest up: in a token-full step the
+cheapest rank often has none where a slightly costlier one does; more tries cost plan time at
+64 ranks for little). The pass stops when no rank has one, or after ``rounds``
+exchanges. Items stay in their step (the delay bound is untouched), every bin keeps
+an item and its capacity. Plain version, step for step the same: ``tests/naive/steps.py``
+``rank_swaps``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+
+_TOP = 8  # the two-for-one looks at this many of the costliest items of each of the two ranks
+_V_TRIES = 8  # U exchanges with the first of its 8 cheapest ranks that has an exchange
+SWAP_TOL = 5e-3  # exchanges stop once the costliest rank is within this fraction of the bound
+
+
+@kernel
+def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capacity, tol,
+                rounds):
+    """Exchange items between the ranks of one packed step (``bin_of[t]``: bin of ``items[t]``,
+    ``-1`` not placed; rank r holds bins ``r*m..r*m+m-1``), updating ``bin_of``, ``bin_tokens``
+    and ``bin_count``. Returns the number of exchanges made."""
+    nc = items.shape[0]
+    uc = np.zeros(dp)
+    cnt = np.zeros(dp, dtype=np.int64)
+    top = 0.0
+    for t in range(nc):
+        if bin_of[t] >= 0:
+            c = costs[items[t]]
+            uc[bin_of[t] // m] += c
+            cnt[bin_of[t] // m] += 1
+            if c > top:
+                top = c
+    total = 0.0
+    for u in range(dp):
+        total += uc[u]
+    lb = total / dp
+    if top > lb:
+        lb = top
+    # every rank's items (unordered, with room for what exchanges bring in)
+    off = np.zeros(dp + 1, dtype=np.int64)
+    for u in range(dp):
+        off[u + 1] = off[u] + cnt[u] + rounds + 1
+    ul = np.empty(off[dp], dtype=np.int64)
+    fill = np.zeros(dp, dtype=np.int64)
+    for t in range(nc):
+        if bin_of[t] >= 0:
+            u = bin_of[t] // m
+            ul[off[u] + fill[u]] = t
+            fill[u] += 1
+    made = np.int64(0)
+    for _ in range(rounds):
+        U = np.int64(0)  # typed: _list_move compiles once, for int64 ranks
+        for u in range(1, dp):
+            if uc[u] > uc[U]:
+                U = u
+        cu = uc[U]
+        if cu <= lb * (1.0 + tol):
+            break
+        # V: the cheapest rank with an exchange that lowers max(cost U, cost V) below cost U
+        by_cost = np.argsort(uc, kind="mergesort")        # ranks by (cost, index)
+        ua = np.sort(ul[off[U]:off[U] + fill[U]])          # U's items in item order
+        ka = ua.shape[0] if ua.shape[0] < _TOP else _TOP
+        ta_top = np.empty(ka, dtype=np.int64)
+        uac = np.empty(ua.shape[0])
+        for q in range(ua.shape[0]):
+            uac[q] = -costs[items[ua[q]]]
+        oa = np.argsort(uac, kind="mergesort")  # by cost descending, then item order
+        for q in range(ka):
+            ta_top[q] = ua[oa[q]]
+        kind = np.int64(-1)
+        ba = np.int64(-1)
+        bb = np.int64(-1)
+        bcx = np.int64(-1)
+        bbin = np.int64(-1)
+        bd = 0.0
+        V = np.int64(0)
+        cv = 0.0
+        for q in range(min(dp, _V_TRIES)):
+            V = by_cost[q]
+            cv = uc[V]
+            if cv >= cu:
+                break
+            kind, ba, bb, bcx, bbin, bd = _best_exchange(items, sizes, costs, bin_of,
+                                                         bin_tokens, bin_count, m, capacity,
+                                                         ul, off, fill, ua, ta_top, V, cu, cv)
+            if kind >= 0:
+                break
+        if kind < 0:
+            break
+        A = bin_of[ba]
+        sa = sizes[items[ba]]
+        if kind == 0:
+            B = bbin
+            bin_of[ba] = B
+            bin_tokens[A] -= sa
+            bin_count[A] -= 1
+            bin_tokens[B] += sa
+            bin_count[B] += 1
+        else:
+            B = bin_of[bb]
+            sb = sizes[items[bb]]
+            bin_of[ba] = B
+            bin_of[bb] = A
+            bin_tokens[A] += sb - sa
+            bin_tokens[B] += sa - sb
+            if kind == 2:
+                sc = sizes[items[bcx]]
+                bin_of[bcx] = A
+                bin_tokens[A] += sc
+                bin_tokens[B] -= sc
+                bin_count[A] += 1
+                bin_count[B] -= 1
+        # the rank lists: a leaves U for V, b (and c) leave V for U
+        _list_move(ul, off, fill, U, V, ba)
+        if kind > 0:
+            _list_move(ul, off, fill, V, U, bb)
+        if kind == 2:
+            _list_move(ul, off, fill, V, U, bcx)
+        uc[U] = cu - bd
+        uc[V] = cv + bd
+        made += 1
+    return made
+
+
+@kernel
+def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capacity, ul, off,
+                   fill, ua, ta_top, V, cu, cv):
+    """The best exchange between rank U (cost ``cu``; ``ua`` its items in item order, ``ta_top``
+    its ``_TOP`` costliest by (cost descending, item order)) and rank V (``cv``): returns
+    (kind: -1 none, 0 move, 1 swap, 2 two-for-one; a, b, c, the bin a moves to, the cost
+    moved)."""
+    gap = cu - cv
+    vt_t = np.sort(ul[off[V]:off[V] + fill[V]])        # V's items in item order
+    nv = vt_t.shape[0]
+    vc_t = np.empty(nv)
+    for q in range(nv):
+        vc_t[q] = costs[items[vt_t[q]]]
+    o = np.argsort(vc_t, kind="mergesort")             # V's items by (cost, item order)
+    vt = vt_t[o]
+    vc = vc_t[o]
+    best = cu
+    kind = np.int64(-1)
+    ba = np.int64(-1)
+    bb = np.int64(-1)
+    bcx = np.int64(-1)
+    bbin = np.int64(-1)
+    bd = 0.0
+    # moves: a of U into a bin of V with room (a's bin keeps an item)
+    for ta in ua:
+        A = bin_of[ta]
+        sa = sizes[items[ta]]
+        ca = costs[items[ta]]
+        if bin_count[A] < 2 or ca >= gap:
+            continue
+        for B in range(V * m, V * m + m):
+            if capacity - bin_tokens[B] >= sa:
+                nm = cu - ca
+                if cv + ca > nm:
+                    nm = cv + ca
+                if nm < best:
+                    best = nm
+                    kind = 0
+                    ba = ta
+                    bbin = B
+                    bd = ca
+    # swaps: a of U for b of V, ca - gap < cb < ca
+    for ta in ua:
+        A = bin_of[ta]
+        sa = sizes[items[ta]]
+        ca = costs[items[ta]]
+        room_a = capacity - bin_tokens[A] + sa  # A's room once a leaves
+        lo = 0
+        hi = nv
+        while lo < hi:  # first b with cb > ca - gap
+            mid = (lo + hi) // 2
+            if vc[mid] <= ca - gap:
+                lo = mid + 1
+            else:
+                hi = mid
+        for q in range(lo, nv):
+            cb = vc[q]
+            if cb >= ca:
+                break
+            tb = vt[q]
+            B = bin_of[tb]
+            sb = sizes[items[tb]]
+            if sb <= room_a and sa <= capacity - bin_tokens[B] + sb:
+                d = ca - cb
+                nm = cu - d
+                if cv + d > nm:
+                    nm = cv + d
+                if nm < best:
+                    best = nm
+                    kind = 1
+                    ba = ta
+                    bb = tb
+                    bd = d
+    # two-for-one: one of U's _TOP costliest items a for one of V's _TOP costliest b (cb <
+    # ca) and c of b's bin (a into that bin)
+    kb = nv if nv < _TOP else _TOP
+    tb_top = np.empty(kb, dtype=np.int64)
+    for q in range(nv):
+        vc_t[q] = -costs[items[vt_t[q]]]
+    ob = np.argsort(vc_t, kind="mergesort")
+    for q in range(kb):
+        tb_top[q] = vt_t[ob[q]]
+    for ta in ta_top:
+        A = bin_of[ta]
+        sa = sizes[items[ta]]
+        ca = costs[items[ta]]
+        room_a = capacity - bin_tokens[A] + sa
+        for tb in tb_top:
+            cb = costs[items[tb]]
+            if cb >= ca or ca - cb <= cu - best:
+                # (no c can make this the best: d <= ca - cb, costs are not negative)
+                continue
+            B = bin_of[tb]
+            sb = sizes[items[tb]]
+            lo_c = sa - (capacity - bin_tokens[B] + sb)
+            if lo_c < 1:
+                lo_c = 1
+            hi_c = room_a - sb
+            if hi_c < lo_c:
+                continue
+            for tc in vt:  # c of bin B by (cost, item order)
+                if tc == tb or bin_of[tc] != B:
+                    continue
+                sc = sizes[items[tc]]
+                if sc < lo_c or sc > hi_c:
+                    continue
+                d = (ca - cb) - costs[items[tc]]
+                if d <= 0.0:
+                    continue
+                nm = cu - d
+                if cv + d > nm:
+                    nm = cv + d
+                if nm < best:
+                    best = nm
+                    kind = 2
+                    ba = ta
+                    bb = tb
+                    bcx = tc
+                    bd = d
+    return kind, ba, bb, bcx, bbin, bd
+
+
+@kernel
+def _list_move(ul, off, fill, src, dst, t):
+    """Move item ``t`` from rank ``src``'s list to rank ``dst``'s (both unordered)."""
+    for q in range(off[src], off[src] + fill[src]):
+        if ul[q] == t:
+            ul[q] = ul[off[src] + fill[src] - 1]
+            fill[src] -= 1
+            break
+    ul[off[dst] + fill[dst]] = t
+    fill[dst] += 1
+
+
+def rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp: int, m: int,
+               capacity: int, tol: float = SWAP_TOL, rounds: int | None = None) -> int:
+    """:func:`_rank_swaps` on arrays of any integer/float dtype (``bin_of``, ``bin_tokens``,
+    ``bin_count`` int64, changed in place). Returns the number of exchanges."""
+    return int(_rank_swaps(np.ascontiguousarray(items, dtype=np.int64),
+                           np.ascontiguousarray(sizes, dtype=np.int64),
+                           np.ascontiguousarray(costs, dtype=np.float64), bin_of, bin_tokens,
+                           bin_count, np.int64(dp), np.int64(m), np.int64(capacity), float(tol),
+                           np.int64(2 * dp + 8 if rounds is None else rounds)))

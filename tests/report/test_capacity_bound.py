@@ -1,0 +1,69 @@
+"""The capacity-aware per-step lower bound (metrics.step_capacity_bound): never above the best
+assignment of a step's documents to token-capped ranks (brute force on small steps), never below
+the simple bound, and above it where token-full ranks force it; no real plan beats it."""
+import itertools
+
+import numpy as np
+import pytest
+
+from balancer import workloads
+from balancer.config import Layout, PlannerConfig
+from balancer.cost.model import CostModel
+from balancer.planning.planner import plan_epoch
+from balancer.report.metrics import (capacity_lower_bound_ratio, step_capacity_bound,
+                                     step_metrics)
+from balancer.samples import SampleTable
+
+
+def _best(L, c, dp, rank_tokens):
+    """Least max rank cost over every assignment of the documents to dp ranks of
+    rank_tokens tokens (inf when none fits)."""
+    best = np.inf
+    for a in itertools.product(range(dp), repeat=len(L)):
+        a = np.array(a)
+        tok = np.bincount(a, weights=L, minlength=dp)
+        if (tok <= rank_tokens).all():
+            best = min(best, np.bincount(a, weights=c, minlength=dp).max())
+    return best
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_bound_is_never_above_the_best_assignment(seed):
+    rng = np.random.default_rng(seed)
+    dp = int(rng.integers(2, 4))
+    n = int(rng.integers(dp + 1, 8))
+    cap = int(rng.integers(8, 40))
+    L = rng.integers(1, cap + 1, n)
+    # a step that (nearly) fills its ranks, the case the bound is for
+    rank_tokens = max(int(L.max()), int(np.ceil(L.sum() / dp)) + int(rng.integers(0, 3)))
+    c = L + L.astype(float) ** 2 / float(rng.choice([4, 16, 64]))
+    opt = _best(L, c, dp, rank_tokens)
+    if not np.isfinite(opt):
+        pytest.skip("no assignment fits")
+    lb = step_capacity_bound(L, c, dp, rank_tokens)
+    assert max(c.sum() / dp, c.max()) <= lb * (1 + 1e-12)
+    assert lb <= opt * (1 + 1e-12)
+    assert step_capacity_bound(L, c, dp, rank_tokens, 5.0) == pytest.approx(lb + 5.0)
+
+
+def test_token_full_ranks_raise_the_bound():
+    # two ranks of 10 tokens, documents 6, 4, 5, 5: the rank holding the 6 must hold 4 more
+    # tokens and the 5s cannot go with it, so the best split is {6, 4} / {5, 5} at cost
+    # 36 + 16 = 52 (cost L^2) while total / dp = 51
+    L = np.array([6, 4, 5, 5])
+    c = L.astype(float) ** 2
+    assert step_capacity_bound(L, c, 2, 10) == pytest.approx(52.0)
+    assert _best(L, c, 2, 10) == pytest.approx(52.0)
+    assert step_capacity_bound(L, c, 2, 100) == pytest.approx(51.0)   # ranks not token-full
+
+
+def test_no_plan_beats_the_bound():
+    L = workloads.load("pareto", n=20_000, seed=3)
+    cost = CostModel.quadratic(4096)
+    for balance in ("rank", "microbatch"):
+        plan = plan_epoch(SampleTable(L), cost, Layout(dp=4, microbatches=3, capacity=65536),
+                          PlannerConfig(over_length="chunk", balance=balance))
+        tight = capacity_lower_bound_ratio(plan, cost)
+        simple = step_metrics(plan, cost)["lower_bound_ratio"]
+        assert tight.shape == simple.shape
+        assert (tight >= 1 - 1e-9).all() and (tight <= simple * (1 + 1e-12)).all()
