@@ -30,12 +30,26 @@ def _where(source) -> str:
     return f"{source}: " if source else ""
 
 
+def _holds_sequences(sizes) -> bool:
+    """Whether a list / tuple holds sequences (token lists, arrays) where numbers belong."""
+    if not isinstance(sizes, (list, tuple)) or not sizes:
+        return False
+    first = sizes[0]
+    return hasattr(first, "__len__") and not isinstance(first, (str, bytes)) and \
+        getattr(first, "ndim", 1) != 0
+
+
 def as_sizes(sizes, name: str = "length", *, source=None, limit: int = MAX_LENGTH) -> np.ndarray:
     """Return ``sizes`` as a contiguous int64 array of integers in ``[1, limit]`` or raise
     ValueError naming ``source`` (a file, when given), the first bad sample, its value and the
     limit. Integer dtypes and floats that are exactly integral are accepted; bool, complex,
     strings and other dtypes are refused, as are NaN and infinities."""
     w = _where(source)
+    if not isinstance(sizes, np.ndarray) and _holds_sequences(sizes):
+        first = sizes[0]
+        raise ValueError(f"{w}sample 0: {name} is a sequence of {len(first)} values, not a "
+                         f"number: pass one {name} per sample, e.g. [len(x) for x in docs], "
+                         f"not the samples themselves")
     arr = np.asarray(sizes)
     if arr.ndim != 1:
         raise ValueError(f"{w}{name}s must be a 1-D array, got shape {arr.shape}")
