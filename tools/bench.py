@@ -24,7 +24,9 @@ from balancer.report.compare import compare, format_table  # noqa: E402
 from balancer.config import Layout, PlannerConfig  # noqa: E402
 from balancer.cost.model import load_cost_model  # noqa: E402
 from balancer.planning.planner import epoch_order, plan_epoch  # noqa: E402
+from balancer.report.metrics import capacity_lower_bound_ratio, step_metrics  # noqa: E402
 from balancer.samples import SampleTable  # noqa: E402
+from balancer.stats import summarize  # noqa: E402
 
 # (title, workload, samples, layout kwargs, config kwargs)
 SUITE = [
@@ -58,10 +60,33 @@ def add_efficiency_limit(res: dict, plans: dict) -> None:
         row["efficiency_gap_points"] = 100 * (limit - row["packing_efficiency"])
 
 
+def add_lower_bound_gap(res: dict, plans: dict, cost) -> None:
+    """Per strategy, the gap of the costliest DP rank to the step's lower bound:
+    ``capacity_lower_bound_ratio`` (summary over steps of the ratio to the capacity-aware bound,
+    metrics.step_capacity_bound: no plan of the step's documents does better) beside the
+    simple ``lower_bound_ratio`` (max(total / dp, costliest document)), and the steps more than
+    1% above each (``steps_over_1pct_lower_bound``, ``steps_over_1pct_capacity_bound``)."""
+    for s, plan in plans.items():
+        simple = step_metrics(plan, cost)["lower_bound_ratio"]
+        tight = capacity_lower_bound_ratio(plan, cost)
+        row = res["strategies"][s]
+        row["capacity_lower_bound_ratio"] = summarize(tight)
+        row["steps_over_1pct_lower_bound"] = int((simple > 1.01).sum())
+        row["steps_over_1pct_capacity_bound"] = int((tight > 1.01).sum())
+
+
 def format_efficiency(res: dict) -> str:
-    return "efficiency / hard limit (gap, points): " + ", ".join(
+    out = "efficiency / hard limit (gap, points): " + ", ".join(
         f"{s} {v['packing_efficiency']:.4f} / {v['efficiency_hard_limit']:.4f} "
         f"({v['efficiency_gap_points']:.2f})" for s, v in res["strategies"].items())
+    if all("capacity_lower_bound_ratio" in v for v in res["strategies"].values()):
+        out += "\nDP-rank cost over the step's lower bound, mean (steps > 1%), simple / " \
+               "capacity-aware: " + ", ".join(
+                   f"{s} {v['lower_bound_ratio']['mean']:.4f} ({v['steps_over_1pct_lower_bound']}) / "
+                   f"{v['capacity_lower_bound_ratio']['mean']:.4f} "
+                   f"({v['steps_over_1pct_capacity_bound']})"
+                   for s, v in res["strategies"].items())
+    return out
 
 
 def speed(n: int, dp: int, m: int, capacity: int, repeats: int,
@@ -171,6 +196,7 @@ def _main(args) -> int:
                              repeats=args.repeats)
         add_fixed_mode_figures(res, plans, lengths, cp_model)
         add_efficiency_limit(res, plans)
+        add_lower_bound_gap(res, plans, cost)
         res["title"] = args.lengths
         print(format_table(res) + "\n" + format_efficiency(res), flush=True)
         results.append(res)
@@ -188,6 +214,7 @@ def _main(args) -> int:
             res, plans = compare(SampleTable(lengths), cost, layout, config, names,
                                  repeats=args.repeats)
             add_efficiency_limit(res, plans)
+            add_lower_bound_gap(res, plans, cost)
             res["title"] = title
             print(f"\n== {title}\n" + format_table(res) + "\n" + format_efficiency(res),
                   flush=True)

@@ -1,0 +1,41 @@
+"""tools/bench.py (issue 27 item 6): per workload and strategy the packing efficiency, its hard
+limit and the gap to it, and the costliest DP rank's gap to the step's lower bound, simple and
+capacity-aware, in the table and the JSON."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_tool", ROOT / "tools" / "bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_efficiency_limit_and_lower_bound_gap_per_strategy(tmp_path, capsys):
+    lengths = np.random.default_rng(0).integers(1, 8192, 3000)
+    f = tmp_path / "l.npy"
+    np.save(f, lengths)
+    js = tmp_path / "b.json"
+    assert _bench().main(["--lengths", str(f), "--dp", "4", "--microbatches", "2",
+                          "--capacity", "8192", "--strategies", "sequential,balanced",
+                          "--repeats", "1", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "efficiency / hard limit" in out and "capacity-aware" in out
+    doc = json.loads(js.read_text())
+    assert set(doc["strategies"]) == {"sequential", "balanced"}
+    for v in doc["strategies"].values():
+        assert 0 < v["packing_efficiency"] <= v["efficiency_hard_limit"] <= 1
+        assert v["efficiency_gap_points"] == 100 * (v["efficiency_hard_limit"]
+                                                    - v["packing_efficiency"])
+        tight, simple = v["capacity_lower_bound_ratio"], v["lower_bound_ratio"]
+        assert 1 - 1e-9 <= tight["mean"] <= simple["mean"] * (1 + 1e-12)
+        assert v["steps_over_1pct_capacity_bound"] <= v["steps_over_1pct_lower_bound"] \
+            <= v["steps"]
+    b = doc["strategies"]["balanced"]
+    assert b["lower_bound_ratio"]["mean"] < doc["strategies"]["sequential"]["lower_bound_ratio"]["mean"]
