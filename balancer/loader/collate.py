@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from . import cp_shard
-from .columns import (IGNORE, LossTokens, block_targets, check_length, labels_row, mask_row,
-                      token_row, trained_targets)
+from .columns import (IGNORE, LossTokens, block_targets, check_length, ids_row, labels_row,
+                      mask_row, token_row, trained_targets)
 from .refs import MicrobatchRef, Ref, check_handed_in_order
 from ..cost.model import CostModel
 
@@ -230,7 +230,7 @@ class PackedDataset(torch.utils.data.Dataset):
             check_handed_in_order(ref)  # a wrapper handing this process every n-th: refused
         ids = list(ref)
         read = self._read(ids, self._columns)
-        rows = read[0]
+        rows = [ids_row(r, i, self.tokens_column) for i, r in zip(ids, read[0])]
         k = 1
         labels = None
         if self._trained_column is not None:

@@ -70,6 +70,23 @@ def mask_row(values, sample: int, column: str) -> np.ndarray:
     return v == 1
 
 
+def ids_row(values, sample: int, column: str) -> np.ndarray:
+    """A row of token ids checked: one-dimensional, an integer dtype, every id >= 0 (a float
+    id would be truncated silently, a negative one reach the embedding)."""
+    v = np.asarray(values)
+    if v.ndim != 1 or v.dtype.kind not in "iu":
+        raise ValueError(f"sample {sample}: tokens column {column!r} holds {v.dtype} of shape "
+                         f"{v.shape}; token ids are integers, one per token (tokenize the "
+                         f"text, or cast an integral column to int)")
+    if v.dtype.kind == "i" and v.size:
+        j = int(np.argmin(v))
+        if v[j] < 0:
+            j = int(np.flatnonzero(v < 0)[0])
+            raise ValueError(f"sample {sample}: tokens column {column!r} holds {int(v[j])} at "
+                             f"token {j}; a token id is >= 0 (-100 marks labels, not inputs)")
+    return v
+
+
 def token_row(values, sample: int, column: str) -> np.ndarray:
     """A per-token column's row as a one-dimensional numeric array (dtype kept)."""
     v = np.asarray(values)
