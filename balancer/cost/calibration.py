@@ -43,8 +43,8 @@ def to_csr(microbatches: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarra
     """Lists of document lengths -> ``(doc_lengths int64[E], offsets int64[M+1])``. Raises a
     ValueError naming the microbatch and document of a length below 1 or an empty microbatch."""
     lens, offsets = [], [0]
-    for m, docs in enumerate(microbatches):
-        docs = [int(x) for x in docs]
+    for m, raw in enumerate(microbatches):
+        docs = [_length(x, m, d) for d, x in enumerate(raw)]
         if not docs:
             raise ValueError(f"microbatch {m} has no documents")
         for d, x in enumerate(docs):
@@ -53,6 +53,16 @@ def to_csr(microbatches: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarra
         lens += docs
         offsets.append(len(lens))
     return np.asarray(lens, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+
+
+def _length(x, m: int, d: int) -> int:
+    """A document length as an int: an integer, or a float that is exactly one (a JSON 100.0);
+    anything else (100.5, true, "100", null, inf) names the microbatch and document."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer,
+                                                              np.floating)) \
+            or (isinstance(x, (float, np.floating)) and not float(x).is_integer()):
+        raise ValueError(f"microbatch {m} document {d}: length {x!r} is not an integer")
+    return int(x)
 
 
 def features(doc_lengths, offsets) -> np.ndarray:
@@ -103,6 +113,10 @@ def fit_pass(doc_lengths, offsets, seconds, relative: bool = True) -> PassCost:
         raise ValueError(f"microbatch {i}: measured time {y[i]!r} is not a positive number")
     if x.shape[0] < 4:
         raise ValueError(f"need at least 4 microbatches to fit 4 coefficients, got {x.shape[0]}")
+    if np.unique(x, axis=0).shape[0] < 2:
+        raise ValueError(f"the {x.shape[0]} microbatches all hold the same documents' lengths "
+                         f"(sum L^2 {x[0, 0]:g}, sum L {x[0, 1]:g}, {x[0, 3]:g} documents): "
+                         f"any coefficients fit them equally; vary the lengths measured")
     w = 1.0 / y if relative else np.ones_like(y)
     xw, yw = x * w[:, None], y * w
     scale = np.linalg.norm(xw, axis=0)
