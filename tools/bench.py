@@ -43,6 +43,8 @@ SUITE = [
      dict(over_length="chunk")),
     ("lognormal-4k (synthetic), 8 DP x 4 microbatches, 128K, chunked", "lognormal-4k", None,
      dict(dp=8, pp=1, microbatches=4, capacity=131072), dict(over_length="chunk")),
+    ("uniform 1..32K (synthetic), 8 DP x 4 microbatches, 32K", "uniform-32k", None,
+     dict(dp=8, pp=1, microbatches=4, capacity=32768), dict(over_length="chunk")),
 ]
 
 
@@ -82,7 +84,8 @@ def format_efficiency(res: dict) -> str:
     if all("capacity_lower_bound_ratio" in v for v in res["strategies"].values()):
         out += "\nDP-rank cost over the step's lower bound, mean (steps > 1%), simple / " \
                "capacity-aware: " + ", ".join(
-                   f"{s} {v['lower_bound_ratio']['mean']:.4f} ({v['steps_over_1pct_lower_bound']}) / "
+                   f"{s} {v['lower_bound_ratio']['mean']:.4f} "
+                   f"({v['steps_over_1pct_lower_bound']}) / "
                    f"{v['capacity_lower_bound_ratio']['mean']:.4f} "
                    f"({v['steps_over_1pct_capacity_bound']})"
                    for s, v in res["strategies"].items())

@@ -38,4 +38,5 @@ def test_efficiency_limit_and_lower_bound_gap_per_strategy(tmp_path, capsys):
         assert v["steps_over_1pct_capacity_bound"] <= v["steps_over_1pct_lower_bound"] \
             <= v["steps"]
     b = doc["strategies"]["balanced"]
-    assert b["lower_bound_ratio"]["mean"] < doc["strategies"]["sequential"]["lower_bound_ratio"]["mean"]
+    seq = doc["strategies"]["sequential"]
+    assert b["lower_bound_ratio"]["mean"] < seq["lower_bound_ratio"]["mean"]
