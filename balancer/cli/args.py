@@ -118,7 +118,8 @@ def parse_strategies(text: str, mode: str = "fixed") -> list[str]:
     for s in names:
         strategies.get(s, mode)
     if not names:
-        raise SystemExit("--strategies: give at least one strategy")
+        raise ValueError(f"--strategies {text!r}: give at least one strategy (known: "
+                         f"{', '.join(strategies.names(mode))})")
     return names
 
 

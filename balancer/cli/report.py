@@ -108,7 +108,8 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
     lengths, wname = _read_lengths(args)
     loss_tokens = _read_loss_tokens(args)
     explicit_strategies = args.strategies is not None
-    names = cli_args.parse_strategies(args.strategies or ",".join(cli_args.DEFAULT_STRATEGIES))
+    names = cli_args.parse_strategies(",".join(cli_args.DEFAULT_STRATEGIES)
+                                      if args.strategies is None else args.strategies)
     plans = None
     if args.plan:
         plan, manifest = _load_stored_plan(args.plan, getattr(args, "epoch", 0))
