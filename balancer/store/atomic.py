@@ -249,6 +249,21 @@ def _remove_old(old: Path, tries: int = 5) -> None:
             return
 
 
+def _make_parent(given, parent: Path) -> None:
+    """Create the folder a plan directory goes in, or a ValueError naming the plan directory
+    as given and why (a file on the way, a file system that refuses)."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        p = parent
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        raise ValueError(f"{given}: {p} is not a directory, so the plan directory cannot go "
+                         f"there") from None
+    except OSError as e:
+        raise ValueError(f"{given}: cannot make the folder {parent} ({e.strerror})") from None
+
+
 class PlanDirWriter:
     """A plan directory under construction: a hidden sibling ``.NAME.partial-HOST-PID-RAND``
     that :meth:`commit` fsyncs and renames to ``path`` (or exchanges with the plan there).
@@ -265,13 +280,17 @@ class PlanDirWriter:
         self.overwrite = overwrite
         self.stale: list[str] = []
         if tmp is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _make_parent(path, self.path.parent)
             self.stale = cleanup_stale(self.path)
             for line in self.stale:
                 warnings.warn(line, stacklevel=2)
             self._check_target()
             tmp = self.path.parent / f".{self.path.name}.partial-{_tag()}"
-            tmp.mkdir()
+            try:
+                tmp.mkdir()
+            except OSError as e:
+                raise ValueError(f"{path}: cannot write the plan directory in "
+                                 f"{self.path.parent} ({e.strerror})") from None
         self.tmp = Path(tmp)
 
     def _empty_dir(self) -> bool:
