@@ -43,6 +43,9 @@ def main(argv=None) -> int:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args._run(args)
+    except KeyboardInterrupt:  # Ctrl-C: what was half-written is removed on the way out
+        print("interrupted", file=sys.stderr)
+        return 130  # what a shell reports for a program ended by SIGINT (128 + 2)
     except BrokenPipeError:  # `... | head`: the reader wants no more output, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
         return 141  # what a shell reports for a writer ended by SIGPIPE (128 + 13)
