@@ -15,6 +15,9 @@ The calibration tool imports exactly this class and signature; keep it stable.
 """
 from __future__ import annotations
 
+import argparse
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -136,15 +139,48 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+def at_least(low: int):
+    """An argparse ``type``: an integer >= ``low`` (argparse names the flag otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
+        return v
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{v} must be a finite number > 0")
+    return v
+
+
 def add_model_args(group) -> None:
     """The TinyLM flags (``--vocab --dim --layers --heads --attention``) on an argparse group;
-    the trainer, the calibration tool and the proof take the same ones."""
-    group.add_argument("--vocab", type=int, default=256, help="vocabulary size")
-    group.add_argument("--dim", type=int, default=64, help="TinyLM width")
-    group.add_argument("--layers", type=int, default=2, help="TinyLM blocks")
-    group.add_argument("--heads", type=int, default=4, help="TinyLM attention heads")
+    the trainer, the calibration tool and the proof take the same ones (check the parsed
+    values with :func:`check_model_args`: ``--dim`` a multiple of ``--heads``)."""
+    group.add_argument("--vocab", type=at_least(2), default=256, help="vocabulary size")
+    group.add_argument("--dim", type=at_least(1), default=64, help="TinyLM width")
+    group.add_argument("--layers", type=at_least(1), default=2, help="TinyLM blocks")
+    group.add_argument("--heads", type=at_least(1), default=4, help="TinyLM attention heads")
     group.add_argument("--attention", choices=ATTENTION_MODES, default="tiled",
                        help="TinyLM attention (tiled: flash-style query tiles)")
+
+
+def check_model_args(parser, args) -> None:
+    """``parser.error`` (exit 2) when ``--dim`` is not a multiple of ``--heads``."""
+    if args.dim % args.heads:
+        parser.error(f"argument --heads: --dim {args.dim} is not a multiple of --heads "
+                     f"{args.heads} (each head gets dim / heads channels)")
 
 
 def model_from_args(args) -> "TinyLM":

@@ -39,56 +39,57 @@ import torch
 from balancer.planning.warmup import warmup
 from tools.ranks import (load_dataset, spawn_ranks, sum_grads,  # noqa: F401 (train.load_dataset)
                          write_documents)
-from tools.tiny_lm import add_model_args, model_from_args, token_loss_sum
+from tools.tiny_lm import (add_model_args, at_least, check_model_args, model_from_args,
+                           positive_float, token_loss_sum)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("data")
     g.add_argument("--workload", default="wlbllm", help="shared or synthetic length workload")
-    g.add_argument("--samples", type=int, default=4000, help="documents in the local dataset")
-    g.add_argument("--scale", type=float, default=0.05,
+    g.add_argument("--samples", type=at_least(1), default=4000, help="documents in the local dataset")
+    g.add_argument("--scale", type=positive_float, default=0.05,
                    help="multiply the workload's lengths by this (CPU-sized documents)")
     g.add_argument("--data", default=None, help="folder for the parquet file (default: a temp dir)")
     g = p.add_argument_group("layout and plan")
-    g.add_argument("--world", type=int, default=2, help="processes (= DP ranks), 1-4 on CPU")
-    g.add_argument("--microbatches", type=int, default=2, help="microbatches per rank per step")
-    g.add_argument("--capacity", type=int, default=2048, help="tokens per microbatch")
+    g.add_argument("--world", type=at_least(1), default=2, help="processes (= DP ranks), 1-4 on CPU")
+    g.add_argument("--microbatches", type=at_least(1), default=2, help="microbatches per rank per step")
+    g.add_argument("--capacity", type=at_least(1), default=2048, help="tokens per microbatch")
     g.add_argument("--strategy", default="balanced", help="planner strategy name")
     g.add_argument("--cost-model", default="quadratic-64k", help="cost model name or YAML")
-    g.add_argument("--max-delay", type=int, default=4, help="most steps a sample may wait")
-    g.add_argument("--seed", type=int, default=0, help="data, init and shuffle seed")
-    g.add_argument("--window-samples", type=int, default=None,
+    g.add_argument("--max-delay", type=at_least(0), default=4, help="most steps a sample may wait")
+    g.add_argument("--seed", type=at_least(0), default=0, help="data, init and shuffle seed")
+    g.add_argument("--window-samples", type=at_least(1), default=None,
                    help="plan the epoch in independent windows of this many samples (default: "
                         "one window; with --calibrate-online 200, about 5 steps)")
-    g.add_argument("--shuffle-seed", type=int, default=None,
+    g.add_argument("--shuffle-seed", type=at_least(0), default=None,
                    help="seed of the plan's shuffle only (default: --seed); another value "
                         "trains the same model on the same data in another order")
     g = p.add_argument_group("model and training")
     add_model_args(g)
-    g.add_argument("--lr", type=float, default=3e-3)
-    g.add_argument("--steps", type=int, default=20, help="stop after this many steps (0: all)")
-    g.add_argument("--epochs", type=int, default=1)
-    g.add_argument("--num-workers", type=int, default=0,
+    g.add_argument("--lr", type=positive_float, default=3e-3)
+    g.add_argument("--steps", type=at_least(0), default=20, help="stop after this many steps (0: all)")
+    g.add_argument("--epochs", type=at_least(1), default=1)
+    g.add_argument("--num-workers", type=at_least(0), default=0,
                    help="DataLoader workers per rank (0 collates inline: on 2 shared cores a "
                         "worker process costs more in contention than it saves)")
-    g.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    g.add_argument("--threads", type=at_least(1), default=1, help="torch threads per rank")
     g.add_argument("--sync", choices=("explicit", "ddp"), default="explicit")
     g.add_argument("--log", default=None, help="write the JSON log here")
-    g.add_argument("--eval-every", type=int, default=0,
+    g.add_argument("--eval-every", type=at_least(0), default=0,
                    help="rank 0 evaluates the loss on a fixed held-out set every this many "
                         "steps and after the last (0: never); logged as eval_loss")
-    g.add_argument("--eval-docs", type=int, default=64, help="documents in the held-out set")
+    g.add_argument("--eval-docs", type=at_least(1), default=64, help="documents in the held-out set")
     g.add_argument("--dump-grads", default=None,
                    help="save the reduced gradients of the first step here (tests)")
-    g.add_argument("--timeout", type=int, default=300, help="collective timeout, seconds")
+    g.add_argument("--timeout", type=at_least(1), default=300, help="collective timeout, seconds")
     g = p.add_argument_group("closed loop (balancer.loader.online)")
     g.add_argument("--calibrate-online", action="store_true",
                    help="time every microbatch's forward and backward, refit the cost model "
                         "every --refit-every steps on every rank's times and re-plan the "
                         "windows not yet handed out; the log gets an online_calibration block")
-    g.add_argument("--refit-every", type=int, default=5, help="steps between refits")
-    g.add_argument("--refit-skip", type=int, default=2,
+    g.add_argument("--refit-every", type=at_least(1), default=5, help="steps between refits")
+    g.add_argument("--refit-skip", type=at_least(0), default=2,
                    help="first steps left out of the fits and the error figures (warm-up)")
     g.add_argument("--online-clock", choices=("wall", "cpu"), default="wall",
                    help="what the closed loop measures on CPU: wall-clock seconds, or the "
@@ -103,7 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hybrid: per-document CP degree over gloo subgroups, run by "
                         "tools/train_cp.py (its flags: --cp, --rank-capacity, ...); fixed: this "
                         "DDP trainer")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_model_args(p, args)
+    return args
 
 
 # ---- data -----------------------------------------------------------------------------------
