@@ -359,6 +359,7 @@ class PackedBatchSampler(Replanning, Sampler):
             mine["dataset_fingerprint"] = self.samples.fingerprint()
             mine["n_samples"] = len(self.samples)
         state = {"order": "permutation", **state}  # a state without it: the default order
+        _check_state_fields(state, list(mine))
         for key, value in mine.items():
             if state[key] != value:
                 raise ValueError(f"cannot resume: the checkpoint's {key} is {state[key]!r} but "
@@ -384,6 +385,38 @@ class PackedBatchSampler(Replanning, Sampler):
                                  f"here but {state['plan_fingerprint']} in the checkpoint "
                                  f"(different strategy, cost model, config or data)")
         self.cursor.restore(epoch, int(state["position"]), same_plan)
+
+
+def _check_state_fields(state: dict, compared: list) -> None:
+    """Refuse a damaged or hand-edited state naming the key, before it is used."""
+    missing = [k for k in ("epoch", "position", "plan_fingerprint", "carry_in", *compared)
+               if k not in state]
+    if missing:
+        raise ValueError(f"sampler state: missing {', '.join(map(repr, missing))} (not a "
+                         f"state_dict() of PackedBatchSampler?)")
+    for k in ("epoch", "position"):
+        v = state[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"sampler state: {k!r} is {v!r}, expected an integer >= 0")
+    c = state["carry_in"]
+    if c is not None:
+        if not isinstance(c, dict):
+            raise ValueError(f"sampler state: 'carry_in' is {type(c).__name__}, expected None "
+                             f"or a dict of 'sample', 'start', 'length' lists")
+        for k in ("sample", "start", "length"):
+            if k not in c:
+                raise ValueError(f"sampler state: 'carry_in' has no {k!r} (keys: {sorted(c)})")
+        if len({len(c[k]) for k in ("sample", "start", "length")}) != 1:
+            raise ValueError(f"sampler state: 'carry_in' lists differ in length (sample "
+                             f"{len(c['sample'])}, start {len(c['start'])}, length "
+                             f"{len(c['length'])}); they must have the same length")
+    refits = state.get("refits", ())
+    if not isinstance(refits, (list, tuple)):
+        raise ValueError(f"sampler state: 'refits' is {type(refits).__name__}, expected a list")
+    for i, r in enumerate(refits):
+        for k in ("epoch", "window", "model"):
+            if not isinstance(r, dict) or k not in r:
+                raise ValueError(f"sampler state: 'refits'[{i}] has no {k!r}")
 
 
 def _layout_diff(saved, mine) -> str:
