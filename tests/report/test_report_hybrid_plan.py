@@ -99,3 +99,13 @@ def test_report_of_a_fixed_plan_finds_its_lengths(tmp_path, capsys):
     assert main(["report", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "rep"),
                  "--no-plots"]) == 0, capsys.readouterr().err
     assert _report(tmp_path / "rep")["workload"].get("lengths_known", True) is True
+
+
+def test_the_stored_plan_alone_gets_its_per_rank_plot(plan, capsys):
+    # before: only the group-size and step-time plots, the stored plan not being among the
+    # strategies the per-rank plot draws
+    out = plan / "rep2"
+    assert main(["report", "--plan", str(plan / "plan"), "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert (out / "hybrid_rank_time.png").is_file()
+    assert "hybrid_rank_time.png" in (out / "report.md").read_text()

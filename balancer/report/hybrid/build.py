@@ -159,8 +159,9 @@ def write_plots(report: dict, out: Path) -> dict:
     files = {}
     st = {n: b for n, b in report["strategies"].items() if b.get("valid")}
     # the default planner first, then ours, the named baselines, the no-cut fixed degree
-    order = (report.get("default_strategy"), *ours(), *HYBRID_STRATEGIES,
-             report.get("no_cut_fixed"))
+    # (a stored plan, ``report --plan``, before them all)
+    order = (*[n for n in st if n.endswith(" (stored)")], report.get("default_strategy"),
+             *ours(), *HYBRID_STRATEGIES, report.get("no_cut_fixed"))
     show = [n for n in dict.fromkeys(order) if n in st]
     if show:
         fig, axes = plt.subplots(len(show), 1, figsize=(11, 2.6 * len(show)), squeeze=False)
