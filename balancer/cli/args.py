@@ -249,14 +249,23 @@ def build_cp(args):
     return model, P, int(budget)
 
 
+def pick_split(ds, split: str):
+    """``ds[split]`` of a DatasetDict (an error naming its splits when it has none such), a
+    Dataset as it is."""
+    import datasets
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ValueError(f"--split {split}: the dataset has the splits {list(ds)}")
+        return ds[split]
+    return ds
+
+
 def read_lengths(args) -> tuple[np.ndarray | None, str | None]:
     """Lengths and a workload name from ``--dataset DIR`` or ``--lengths FILE|NAME`` (the
     report commands); ``(None, None)`` when neither is given."""
     if getattr(args, "dataset", None):
         import datasets
-        ds = datasets.load_from_disk(args.dataset)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[args.split]
+        ds = pick_split(datasets.load_from_disk(args.dataset), args.split)
         return SampleTable.from_dataset(ds, args.length_column, args.tokens_column).lengths, \
             Path(args.dataset).name
     if args.lengths:

@@ -69,9 +69,7 @@ def _read_loss_tokens(args) -> np.ndarray | None:
             raise ValueError("--loss-mask-column reads a column of --dataset DIR; with --lengths "
                              "give --loss-tokens FILE.npy")
         import datasets
-        ds = datasets.load_from_disk(args.dataset)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[args.split]
+        ds = cli_args.pick_split(datasets.load_from_disk(args.dataset), args.split)
         if col not in ds.column_names:
             raise ValueError(f"--loss-mask-column {col!r}: the dataset has no such column "
                              f"(columns: {ds.column_names})")

@@ -242,7 +242,8 @@ def open_dataset(spec: str):
     paths = [Path(s) for s in spec.split(",") if s]
     if len(paths) == 1 and paths[0].is_dir():
         d = paths[0]
-        if (d / "dataset_info.json").is_file() or (d / "state.json").is_file():
+        if (d / "dataset_info.json").is_file() or (d / "state.json").is_file() or \
+                (d / "dataset_dict.json").is_file():
             ds = datasets.load_from_disk(str(d))
             if isinstance(ds, datasets.DatasetDict):
                 if len(ds) != 1:
