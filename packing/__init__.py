@@ -11,6 +11,7 @@ import importlib
 _NAMES = {
     "CACHE_ENABLED": "_jit",
     "BFD_MAX_CAPACITY": "binpack", "best_fit_decreasing": "binpack", "bins_lower_bound": "binpack",
+    "bins_lower_bound_l2": "binpack",
     "first_fit_decreasing": "binpack", "next_fit": "binpack",
     "expand_pieces": "chunking",
     "schedule_lumps": "delay",
@@ -47,7 +48,8 @@ def __dir__():
 __all__ = [
     "BFD_MAX_CAPACITY", "BIN_PACKERS", "CACHE_ENABLED", "PARTITIONERS", "StreamPlan",
     "expand_pieces", "rank_step_times", "simulate_1f1b",
-    "balanced_equal", "best_fit_decreasing", "bins_lower_bound", "first_fit_decreasing",
+    "balanced_equal", "best_fit_decreasing", "bins_lower_bound", "bins_lower_bound_l2",
+    "first_fit_decreasing",
     "group_loads", "kk", "kk_equal", "lpt_equal", "next_fit", "pack_step", "plan_balanced",
     "plan_ffd_tokens", "plan_kk_tokens", "plan_sequential", "refine_swaps", "schedule_lumps",
 ]

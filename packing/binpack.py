@@ -246,3 +246,44 @@ def bins_lower_bound(sizes, capacity) -> int:
     """``ceil(sum(sizes) / capacity)``: no packing uses fewer bins."""
     sizes = as_sizes(sizes)
     return int(-(-int(sizes.sum()) // int(capacity)))
+
+
+def bins_lower_bound_l2(sizes, capacity) -> int:
+    """Martello and Toth's L2 lower bound on the number of bins of ``capacity`` that hold
+    ``sizes`` (every size in ``1..capacity``; numpy in, an int out). O(n log n).
+
+    For a threshold ``a`` in ``[0, capacity / 2]``: items larger than ``capacity - a`` (J1) and
+    items in ``(capacity / 2, capacity - a]`` (J2) each need a bin of their own (no two items
+    above half the capacity share one), and items in ``[a, capacity / 2]`` (J3) fit only in the
+    room J2's bins leave or in new bins (J1's bins have less than ``a`` left)::
+
+        L(a) = |J1| + |J2| + max(0, ceil((sum(J3) - (|J2| capacity - sum(J2))) / capacity))
+
+    L2 is the largest L(a) over a = 0 and the sizes up to half the capacity (L(a) only changes
+    there). L(0) >= ceil(sum / capacity) (:func:`bins_lower_bound`), so L2 is never below it;
+    with items above half the capacity it can be far above (two such items never share a bin).
+    Martello & Toth, "Lower bounds and reduction procedures for the bin packing problem",
+    Discrete Applied Mathematics 28 (1990)."""
+    sizes = as_sizes(sizes)
+    capacity = check_capacity(sizes, capacity)
+    if sizes.size == 0:
+        return 0
+    s = np.sort(sizes)
+    prefix = np.concatenate(([0], np.cumsum(s)))      # prefix[k] = sum of the k smallest
+    n = s.shape[0]
+    # items > capacity / 2 (2 s > C) are the big ones: J1 u J2, whatever a is
+    first_big = int(np.searchsorted(s, capacity // 2, side="right"))  # first s > floor(C/2)
+    n_big = n - first_big
+    small = s[:first_big]                              # s <= floor(C/2), i.e. 2 s <= C
+    alphas = np.concatenate(([0], np.unique(small))).astype(np.int64)
+    # J3 = {a <= s <= C/2}: indices [lo3, first_big)
+    lo3 = np.searchsorted(s, alphas, side="left")
+    sum3 = prefix[first_big] - prefix[lo3]
+    # J2 = {C/2 < s <= C - a}: indices [first_big, hi2)
+    hi2 = np.maximum(np.searchsorted(s, capacity - alphas, side="right"), first_big)
+    # room J2's bins leave: sum of (capacity - s) over J2 (summed per item: no n x capacity
+    # product to overflow int64; each term is below its item, so the sum stays below the total)
+    room = np.concatenate(([0], np.cumsum(capacity - s[first_big:])))
+    rest = sum3 - room[hi2 - first_big]
+    extra = np.maximum(0, -(-rest // capacity))
+    return int(n_big + extra.max())

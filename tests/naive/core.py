@@ -51,6 +51,46 @@ def bfd_bin_count(sizes, capacity):
     return len(rem), sorted(capacity - r for r in rem)
 
 
+def min_bins_exact(sizes, capacity):
+    """The fewest bins of ``capacity`` that hold ``sizes``, by exhaustive search: every item in
+    turn (largest first) goes into each open bin it fits or into a new one. Exponential: a
+    dozen items at most."""
+    order = sorted(sizes, reverse=True)
+    best = [len(order)]
+
+    def place(k, loads):
+        if len(loads) >= best[0]:
+            return
+        if k == len(order):
+            best[0] = len(loads)
+            return
+        tried = set()
+        for b in range(len(loads)):
+            if loads[b] + order[k] <= capacity and loads[b] not in tried:
+                tried.add(loads[b])   # bins with the same load are interchangeable
+                loads[b] += order[k]
+                place(k + 1, loads)
+                loads[b] -= order[k]
+        loads.append(order[k])
+        place(k + 1, loads)
+        loads.pop()
+
+    place(0, [])
+    return best[0]
+
+
+def bins_lower_bound_l2(sizes, capacity):
+    """Martello-Toth L2 from its definition, every integer threshold a in 0..capacity // 2."""
+    best = 0
+    for a in range(capacity // 2 + 1):
+        j1 = [s for s in sizes if s > capacity - a]
+        j2 = [s for s in sizes if 2 * s > capacity and s <= capacity - a]
+        j3 = [s for s in sizes if a <= s and 2 * s <= capacity]
+        rest = sum(j3) - (len(j2) * capacity - sum(j2))
+        best = max(best, len(j1) + len(j2) + max(0, -(-rest // capacity)))
+    return best
+
+
 def lpt_equal(costs, m):
     k = len(costs) // m
     loads, counts, out = [0.0] * m, [0] * m, [0] * len(costs)
