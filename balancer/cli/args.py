@@ -6,7 +6,7 @@ import argparse
 import re
 import typing
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 import numpy as np
 from pydantic import ValidationError
@@ -265,7 +265,7 @@ def read_lengths(args) -> tuple[np.ndarray | None, str | None]:
     report commands); ``(None, None)`` when neither is given."""
     if getattr(args, "dataset", None):
         import datasets
-        ds = pick_split(datasets.load_from_disk(args.dataset), args.split)
+        ds = open_dataset(args.dataset, args.split)
         return SampleTable.from_dataset(ds, args.length_column, args.tokens_column).lengths, \
             Path(args.dataset).name
     if args.lengths:
@@ -292,3 +292,34 @@ def manifest_lengths(manifest: dict, plan_dir: Path) -> np.ndarray | None:
                         return workloads.load(str(cand))
     f = plan_dir / "lengths.npy"
     return workloads.load(str(f)) if f.is_file() else None
+
+
+def open_dataset(spec: str, split: Optional[str] = None):
+    """A saved HF dataset directory (``save_to_disk``), or jsonl / json / parquet files
+    (a file, a comma-separated list, or a directory of them); a saved DatasetDict gives its
+    ``split`` (without one, only a single split is taken)."""
+    import datasets
+    paths = [Path(s) for s in spec.split(",") if s]
+    if len(paths) == 1 and paths[0].is_dir():
+        d = paths[0]
+        if (d / "dataset_info.json").is_file() or (d / "state.json").is_file() or \
+                (d / "dataset_dict.json").is_file():
+            ds = datasets.load_from_disk(str(d))
+            if isinstance(ds, datasets.DatasetDict) and split is not None:
+                return pick_split(ds, split)
+            if isinstance(ds, datasets.DatasetDict):
+                if len(ds) != 1:
+                    raise ValueError(f"{d}: a DatasetDict with splits {list(ds)}; give one split "
+                                     f"directory")
+                ds = next(iter(ds.values()))
+            return ds
+        paths = sorted(p for p in d.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
+        if not paths:
+            raise ValueError(f"{d}: neither a saved dataset nor a folder of jsonl/parquet files")
+    for p in paths:
+        if not p.is_file():
+            raise ValueError(f"{p}: no such dataset file")
+    kinds = {"parquet" if p.suffix == ".parquet" else "json" for p in paths}
+    if len(kinds) != 1 or not all(p.suffix in (".jsonl", ".json", ".parquet") for p in paths):
+        raise ValueError(f"dataset files must all be .jsonl/.json or all .parquet: {spec}")
+    return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in paths], split="train")

@@ -68,8 +68,7 @@ def _read_loss_tokens(args) -> np.ndarray | None:
         if not getattr(args, "dataset", None):
             raise ValueError("--loss-mask-column reads a column of --dataset DIR; with --lengths "
                              "give --loss-tokens FILE.npy")
-        import datasets
-        ds = cli_args.pick_split(datasets.load_from_disk(args.dataset), args.split)
+        ds = cli_args.open_dataset(args.dataset, args.split)
         if col not in ds.column_names:
             raise ValueError(f"--loss-mask-column {col!r}: the dataset has no such column "
                              f"(columns: {ds.column_names})")
@@ -218,7 +217,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plan", default=None, help="a plan directory written by precompute "
                    "(balancer.store); its layout and config are used")
     g.add_argument("--epoch", type=int, default=0, help="epoch of the stored plan to report")
-    g.add_argument("--dataset", default=None, help="a datasets.save_to_disk directory to read "
+    g.add_argument("--dataset", default=None, help="a datasets.save_to_disk directory, or "
+                   "jsonl / parquet file(s) (comma-separated, or a directory of them), to read "
                    "lengths from instead of --lengths")
     g.add_argument("--split", default="train", help="split of a DatasetDict")
     g.add_argument("--length-column", default="length", help="integer length column")

@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from . import args as cli_args
+from .args import open_dataset  # noqa: F401 (cli.store.open_dataset: the old home)
 from ..store import plan_store as store
 from .. import workloads
 from .commands import command
@@ -233,34 +234,6 @@ def load_samples(job: PrecomputeJob, seed: int = 0, order: str = "permutation"):
         raise ValueError("--samples resamples a lengths workload, not a --dataset")
     ds = open_dataset(job.dataset)
     return SampleTable.from_dataset(ds, job.length_column, job.tokens_column, job.num_proc)
-
-
-def open_dataset(spec: str):
-    """A saved HF dataset directory (``save_to_disk``), or jsonl / json / parquet files
-    (a file, a comma-separated list, or a directory of them)."""
-    import datasets
-    paths = [Path(s) for s in spec.split(",") if s]
-    if len(paths) == 1 and paths[0].is_dir():
-        d = paths[0]
-        if (d / "dataset_info.json").is_file() or (d / "state.json").is_file() or \
-                (d / "dataset_dict.json").is_file():
-            ds = datasets.load_from_disk(str(d))
-            if isinstance(ds, datasets.DatasetDict):
-                if len(ds) != 1:
-                    raise ValueError(f"{d}: a DatasetDict with splits {list(ds)}; give one split "
-                                     f"directory")
-                ds = next(iter(ds.values()))
-            return ds
-        paths = sorted(p for p in d.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
-        if not paths:
-            raise ValueError(f"{d}: neither a saved dataset nor a folder of jsonl/parquet files")
-    for p in paths:
-        if not p.is_file():
-            raise ValueError(f"{p}: no such dataset file")
-    kinds = {"parquet" if p.suffix == ".parquet" else "json" for p in paths}
-    if len(kinds) != 1 or not all(p.suffix in (".jsonl", ".json", ".parquet") for p in paths):
-        raise ValueError(f"dataset files must all be .jsonl/.json or all .parquet: {spec}")
-    return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in paths], split="train")
 
 
 def _init_distributed() -> tuple[bool, bool]:

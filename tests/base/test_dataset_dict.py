@@ -35,3 +35,16 @@ def test_precompute_names_the_splits(dd, tmp_path, capsys):
     # one split's folder plans
     assert main(["precompute", "--dataset", str(dd / "train"), "--capacity", "4096", "--out",
                  str(tmp_path / "p")]) == 0
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_report_reads_the_files_precompute_reads(tmp_path, capsys, kind):
+    """report --dataset took only a save_to_disk folder ('Directory d.jsonl is neither a
+    `Dataset` directory nor a `DatasetDict` directory'); precompute and lengths read jsonl /
+    parquet files too: one reader for all three."""
+    ds = datasets.Dataset.from_dict({"length": list(range(1, 200))})
+    f = tmp_path / f"d.{kind}"
+    ds.to_json(str(f)) if kind == "jsonl" else ds.to_parquet(str(f))
+    rc = main(["report", "--dataset", str(f), "--dp", "2", "--microbatches", "2", "--capacity",
+               "4096", "--out", str(tmp_path / "r"), "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
