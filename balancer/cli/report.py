@@ -96,9 +96,11 @@ def run_report(args, *, out: str, plots: bool = True, quiet: bool = False) -> di
             args = argparse.Namespace(**{**vars(args), "cp_mode": "hybrid"})
     if getattr(args, "cp_mode", "fixed") == "hybrid":
         if getattr(args, "loss_tokens", None) or getattr(args, "loss_mask_column", None):
-            raise ValueError("--loss-tokens / --loss-mask-column: the trained fraction per "
-                             "step is in the fixed-mode report only (leave out --cp-mode "
-                             "hybrid); masks do not change the cost of either mode")
+            why = (f"--plan {args.plan} is a hybrid DP x CP plan" if getattr(args, "plan", None)
+                   else "leave out --cp-mode hybrid")
+            raise ValueError(f"--loss-tokens / --loss-mask-column: the trained fraction per "
+                             f"step is in the fixed-mode report only ({why}); masks do not "
+                             f"change the cost of either mode")
         from .hybrid import run_hybrid_report
         return run_hybrid_report(args, out=out, plots=plots, quiet=quiet)
     t0 = time.perf_counter()

@@ -109,3 +109,12 @@ def test_the_stored_plan_alone_gets_its_per_rank_plot(plan, capsys):
         capsys.readouterr().err
     assert (out / "hybrid_rank_time.png").is_file()
     assert "hybrid_rank_time.png" in (out / "report.md").read_text()
+
+
+def test_loss_tokens_with_a_hybrid_plan_say_why(plan, capsys):
+    # before: '... (leave out --cp-mode hybrid)', a flag this command line did not give
+    np.save(plan / "lt.npy", np.ones(600, np.int64))
+    rc = main(["report", "--plan", str(plan / "plan"), "--loss-tokens", str(plan / "lt.npy"),
+               "--out", str(plan / "rep3"), "--no-plots"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hybrid" in err and "--cp-mode" not in err, err
