@@ -27,6 +27,7 @@ from balancer.planning.planner import epoch_order, plan_epoch  # noqa: E402
 from balancer.report.metrics import capacity_lower_bound_ratio, step_metrics  # noqa: E402
 from balancer.samples import SampleTable  # noqa: E402
 from balancer.stats import summarize  # noqa: E402
+from packing.binpack import bins_lower_bound_l2  # noqa: E402
 
 # (title, workload, samples, layout kwargs, config kwargs)
 SUITE = [
@@ -51,15 +52,27 @@ SUITE = [
 def add_efficiency_limit(res: dict, plans: dict) -> None:
     """Per strategy: ``efficiency_hard_limit`` (tokens over the fewest microbatches that can hold
     them: ceil(tokens / capacity) rounded up to a multiple of dp, times the capacity) and
-    ``efficiency_gap_points`` (100 x (hard limit - packing efficiency))."""
+    ``efficiency_gap_points`` (100 x (hard limit - packing efficiency)); and the same under
+    Martello and Toth's L2 bound on the microbatches of the plan's entries (the documents and
+    chunks as the planner packs them, packing.bins_lower_bound_l2: two entries above half the
+    capacity never share a microbatch), rounded up to a multiple of dp:
+    ``efficiency_l2_limit`` (never above the hard limit; no plan of these entries packs better)
+    and ``efficiency_l2_gap_points``; ``microbatches_hard_bound`` and ``microbatches_l2_bound``
+    are the two microbatch counts."""
     for s, plan in plans.items():
         lay = plan.layout
         tokens = int(plan.entry_length.sum())
         fewest = -(-(-(-tokens // lay.capacity)) // lay.dp) * lay.dp
         limit = tokens / (fewest * lay.capacity) if fewest else 1.0
+        l2 = -(-bins_lower_bound_l2(plan.entry_length, lay.capacity) // lay.dp) * lay.dp
+        l2_limit = tokens / (l2 * lay.capacity) if l2 else 1.0
         row = res["strategies"][s]
         row["efficiency_hard_limit"] = limit
         row["efficiency_gap_points"] = 100 * (limit - row["packing_efficiency"])
+        row["microbatches_hard_bound"] = fewest
+        row["microbatches_l2_bound"] = l2
+        row["efficiency_l2_limit"] = l2_limit
+        row["efficiency_l2_gap_points"] = 100 * (l2_limit - row["packing_efficiency"])
 
 
 def add_lower_bound_gap(res: dict, plans: dict, cost) -> None:
@@ -81,6 +94,9 @@ def format_efficiency(res: dict) -> str:
     out = "efficiency / hard limit (gap, points): " + ", ".join(
         f"{s} {v['packing_efficiency']:.4f} / {v['efficiency_hard_limit']:.4f} "
         f"({v['efficiency_gap_points']:.2f})" for s, v in res["strategies"].items())
+    out += "\nefficiency / L2 limit (gap, points; Martello-Toth bound on the microbatches): " + \
+        ", ".join(f"{s} {v['packing_efficiency']:.4f} / {v['efficiency_l2_limit']:.4f} "
+                  f"({v['efficiency_l2_gap_points']:.2f})" for s, v in res["strategies"].items())
     if all("capacity_lower_bound_ratio" in v for v in res["strategies"].values()):
         out += "\nDP-rank cost over the step's lower bound, mean (steps > 1%), simple / " \
                "capacity-aware: " + ", ".join(

@@ -27,12 +27,20 @@ def test_efficiency_limit_and_lower_bound_gap_per_strategy(tmp_path, capsys):
                           "--repeats", "1", "--json", str(js)]) == 0
     out = capsys.readouterr().out
     assert "efficiency / hard limit" in out and "capacity-aware" in out
+    assert "efficiency / L2 limit" in out
     doc = json.loads(js.read_text())
     assert set(doc["strategies"]) == {"sequential", "balanced"}
     for v in doc["strategies"].values():
         assert 0 < v["packing_efficiency"] <= v["efficiency_hard_limit"] <= 1
         assert v["efficiency_gap_points"] == 100 * (v["efficiency_hard_limit"]
                                                     - v["packing_efficiency"])
+        # the L2 bound: at least the hard bound's microbatches, so a limit no higher
+        assert v["microbatches_l2_bound"] >= v["microbatches_hard_bound"] > 0
+        assert v["microbatches_l2_bound"] % 4 == 0
+        assert 0 < v["packing_efficiency"] <= v["efficiency_l2_limit"] \
+            <= v["efficiency_hard_limit"]
+        assert v["efficiency_l2_gap_points"] == 100 * (v["efficiency_l2_limit"]
+                                                       - v["packing_efficiency"])
         tight, simple = v["capacity_lower_bound_ratio"], v["lower_bound_ratio"]
         assert 1 - 1e-9 <= tight["mean"] <= simple["mean"] * (1 + 1e-12)
         assert v["steps_over_1pct_capacity_bound"] <= v["steps_over_1pct_lower_bound"] \
