@@ -287,9 +287,12 @@ class HybridBatchSampler(Sampler):
                 raise ValueError(f"checkpoint {k} {state.get(k)!r} differs from this sampler's "
                                  f"{mine[k]!r}")
         try:
-            epoch, pos = epoch_number(state["epoch"], "load_state_dict"), int(state["position"])
+            epoch, pos = epoch_number(state["epoch"], "load_state_dict"), state["position"]
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"checkpoint epoch/position unreadable: {e}") from None
+        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
+            raise ValueError(f"sampler state: 'position' is {pos!r}, expected an integer >= 0")
+        pos = int(pos)
         self.cursor.restore(epoch, pos, lambda: None)
 
 

@@ -46,3 +46,36 @@ def test_a_good_state_still_resumes():
     t = _sampler()
     t.load_state_dict(state)
     assert [list(r) for r in t] == [list(r) for r in it]
+
+
+def _hybrid():
+    from balancer import SampleTable
+    from balancer.cost.cp import CPCostModel
+    from balancer.loader.hybrid import HybridBatchSampler
+    lay = Layout(dp=2, cp=2, microbatches=2, capacity=128, cp_mode="hybrid", rank_capacity=64)
+    return HybridBatchSampler(SampleTable(np.arange(2, 150)),
+                              CPCostModel.from_preset("llama-7b", 64), lay, rank=0)
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"position": 1.5}, r"'position' is 1.5"),
+    ({"position": "3"}, r"'position' is '3'"),
+    ({"position": True}, r"'position' is True"),
+    ({"position": -1}, r"'position' is -1"),
+    ({"epoch": 1.5}, r"epoch"),
+])
+def test_a_damaged_hybrid_state_names_the_key(edit, match):
+    """The hybrid sampler read position 1.5 as 1 and '3' as 3 (found by the probe)."""
+    state = {**_hybrid().state_dict(), **edit}
+    with pytest.raises(ValueError, match=match):
+        _hybrid().load_state_dict(state)
+
+
+def test_a_good_hybrid_state_still_resumes():
+    s = _hybrid()
+    it = iter(s)
+    next(it)
+    state = s.state_dict()
+    t = _hybrid()
+    t.load_state_dict(state)
+    assert [list(r) for r in t] == [list(r) for r in it]

@@ -99,6 +99,22 @@ def test_a_plan_made_for_another_job_is_refused_by_name(tmp_path, change, msg):
         HybridBatchSampler(samples, model, layout, plan=out, **kw)
 
 
+def test_the_same_cost_model_under_another_name_trains_from_the_plan(tmp_path):
+    """A model's name is a label (a config.json's folder, a fitted preset's file name): the
+    same coefficients under another name are the same job; other coefficients are not."""
+    out = precompute_hybrid(SAMPLES, MODEL, LAYOUT, tmp_path / "plan", seed=7)
+    dump = MODEL.model_dump(mode="json")
+    renamed = CPCostModel.model_validate(
+        {**dump, "cost": {**dump["cost"], "name": "qwen3 (/mnt/elsewhere/Qwen3-8B)"}})
+    want = refs(HybridBatchSampler(SAMPLES, MODEL, LAYOUT, seed=7, rank=1))
+    assert refs(HybridBatchSampler(SAMPLES, renamed, LAYOUT, seed=7, rank=1, plan=out)) == want
+    other = CPCostModel.model_validate(
+        {**dump, "cost": {**dump["cost"], "name": "x",
+                          "forward": {**dump["cost"]["forward"], "c": 1.0}}})
+    with pytest.raises(ValueError, match="CP cost model differs in cost"):
+        HybridBatchSampler(SAMPLES, other, LAYOUT, seed=7, rank=1, plan=out)
+
+
 def test_default_strategy_change_old_plans(tmp_path):
     """The default of cp_mode hybrid is hybrid_stream (sampler and store agree); a plan stored
     with the old default ``hybrid`` still trains when the job names it, and is refused, naming

@@ -182,6 +182,15 @@ def _hybrid_manifest_of(snap: PlanSnapshot) -> dict:
     return manifest
 
 
+def _unnamed(cp_model: dict) -> dict:
+    """A CP cost model's dump without its cost model's ``name``: a label (a config.json's
+    folder, a fitted preset's file), while the coefficients are what the plan was made with."""
+    cost = cp_model.get("cost")
+    if isinstance(cost, dict):
+        cp_model = {**cp_model, "cost": {k: v for k, v in cost.items() if k != "name"}}
+    return cp_model
+
+
 @renamed(model="cost")
 def check_hybrid_compatible(manifest: dict, *, layout: Optional[Layout] = None,
                             cost: Optional[CPCostModel] = None,
@@ -202,8 +211,9 @@ def check_hybrid_compatible(manifest: dict, *, layout: Optional[Layout] = None,
     if layout is not None:
         diffs += [f"layout {k}: plan has {h!r}, the job has {v!r}"
                   for k, h, v in layout_differences(manifest["layout"], layout)]
-    if model is not None and model.model_dump(mode="json") != manifest["cost_model"]:
-        mine, theirs = model.model_dump(mode="json"), manifest["cost_model"]
+    if model is not None and \
+            _unnamed(model.model_dump(mode="json")) != _unnamed(manifest["cost_model"]):
+        mine, theirs = _unnamed(model.model_dump(mode="json")), _unnamed(manifest["cost_model"])
         keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
         diffs.append(f"CP cost model differs in {', '.join(keys)}")
     if samples is not None:
