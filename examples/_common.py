@@ -1,29 +1,16 @@
 """Shared by the examples (not an API): the versions they were tested with, a tiny random-init
 Llama, a toy tokenized corpus, and the check that every token of every sample was trained
 exactly once over all processes."""
-import argparse
 import json
 
 import numpy as np
 import torch
 
+from balancer.cli.args import at_least  # noqa: F401 (the examples' integer flags)
+
 TESTED_WITH = ("torch 2.13.0 (CPU), transformers 5.24.0, accelerate 1.16.0, trl 1.16.0, "
                "megatron-core 0.16.1, datasets, numba; Python 3.11")
 VOCAB = 128
-
-
-def at_least(low: int):
-    """An argparse ``type``: an integer >= ``low`` (an error naming the flag otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
-        return v
-    parse.__name__ = f"integer >= {low}"
-    return parse
 
 
 def tiny_llama(dtype=torch.float32, attn="sdpa", seed=0):

@@ -15,12 +15,11 @@ The calibration tool imports exactly this class and signature; keep it stable.
 """
 from __future__ import annotations
 
-import argparse
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from balancer.cli.args import at_least, positive_float  # noqa: F401 (tools/train.py's flags)
 
 IGNORE = -100
 
@@ -137,31 +136,6 @@ class TinyLM(nn.Module):
         for b in self.blocks:
             x = b(x, position_ids, cu_seqlens)
         return self.head(self.norm(x))
-
-
-def at_least(low: int):
-    """An argparse ``type``: an integer >= ``low`` (argparse names the flag otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
-        return v
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
-def positive_float(text: str) -> float:
-    """An argparse ``type``: a finite number > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{v} must be a finite number > 0")
-    return v
 
 
 def add_model_args(group) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import typing
 from pathlib import Path
@@ -32,6 +33,32 @@ FLAGS = {"capacity": "--capacity", "dp": "--dp", "pp": "--pp", "cp": "--cp",
 _PY_ARGUMENT = re.compile(r"\b(" + "|".join(FLAGS) + r")=(['\"])([\w.-]+)\2")
 #: a config field a setting asks for: ``needs rank_capacity``
 _NEEDS_FIELD = re.compile(r"\bneeds (" + "|".join(FLAGS) + r")\b")
+
+
+def at_least(low: int):
+    """An argparse ``type``: an integer >= ``low`` (argparse names the flag in its error);
+    the tools and the examples use it for their own flags."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
+        return v
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{v} must be a finite number > 0")
+    return v
 
 
 def as_flags(message: str) -> str:

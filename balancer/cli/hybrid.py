@@ -50,7 +50,7 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     table printed. A plan that loses or duplicates a token of a document is reported
     ``"valid": false`` (exit status 1)."""
     from ..planning.warmup import warmup
-    from ..report.hybrid import build_hybrid_report, format_table, write_hybrid_report
+    from ..report.hybrid import build_hybrid_report
     t0 = time.perf_counter()
     if getattr(args, "plan", None):
         return _stored_hybrid_report(args, out=out, plots=plots, quiet=quiet, t0=t0)
@@ -69,13 +69,7 @@ def run_hybrid_report(args, *, out: str, plots: bool = True, quiet: bool = False
     report, _, _ = build_hybrid_report(
         lengths, model, P, budget, names, seed=args.seed, max_delay=args.max_delay,
         layout=layout.model_dump(), workload=wname, over_length=args.over_length)
-    files = write_hybrid_report(report, out, plots=plots, t0=t0)
-    if not quiet:
-        print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],
-                            "overlap": report["cp_cost_model"]["overlap"]}))
-        written = ", ".join(Path(p).name for p in files.values())
-        print(f"\nreport written to {Path(out)}/: {written} ({report['report_seconds']:.1f} s)")
-    return report
+    return _write(report, out, wname, plots=plots, quiet=quiet, t0=t0)
 
 
 def _stored_hybrid_report(args, *, out: str, plots: bool, quiet: bool, t0: float) -> dict:
@@ -87,7 +81,7 @@ def _stored_hybrid_report(args, *, out: str, plots: bool, quiet: bool, t0: float
     plan's items (each sample's planned tokens; ``lengths_known: false``, nothing re-planned)."""
     from ..cost.cp import CPCostModel
     from ..planning.warmup import warmup
-    from ..report.hybrid import build_hybrid_report, format_table, write_hybrid_report
+    from ..report.hybrid import build_hybrid_report
     from ..report.hybrid.figures import summarize
     from ..samples import SampleTable
     from ..store.hybrid import load_hybrid_manifest, load_hybrid_plan
@@ -96,15 +90,17 @@ def _stored_hybrid_report(args, *, out: str, plots: bool, quiet: bool, t0: float
     manifest = load_hybrid_manifest(path)
     lengths, wname = cli_args.read_lengths(args)
     ds = manifest["dataset"]
-    if lengths is None:
+    if lengths is not None:
+        fp = SampleTable(lengths).fingerprint()
+        if fp != ds["fingerprint"]:
+            raise ValueError(f"--plan {args.plan}: the plan was made for lengths of fingerprint "
+                             f"{ds['fingerprint']} ({ds['n_samples']:,} samples), the lengths "
+                             f"given have {fp} ({len(lengths):,} samples)")
+    else:
         lengths = cli_args.manifest_lengths(manifest, path)
         if lengths is not None and SampleTable(lengths).fingerprint() != ds["fingerprint"]:
             lengths = None   # the file changed since: report the plan alone
     wname = wname or path.name
-    if lengths is not None and SampleTable(lengths).fingerprint() != ds["fingerprint"]:
-        raise ValueError(f"--plan {args.plan}: the plan was made for lengths of fingerprint "
-                         f"{ds['fingerprint']} ({ds['n_samples']:,} samples), the lengths given "
-                         f"have {SampleTable(lengths).fingerprint()} ({len(lengths):,} samples)")
     # the report diagnoses coverage itself; the store checks the structure and the hashes
     plan, _ = load_hybrid_plan(path, epoch, verify=True)
     known = lengths is not None
@@ -132,6 +128,12 @@ def _stored_hybrid_report(args, *, out: str, plots: bool, quiet: bool, t0: float
     report["workload"]["lengths_known"] = known
     report["plan"] = {"dir": str(path), "epoch": int(epoch), "strategy": manifest["strategy"],
                       "epochs": len(manifest["epochs"])}
+    return _write(report, out, wname, plots=plots, quiet=quiet, t0=t0)
+
+
+def _write(report: dict, out: str, wname: str, *, plots: bool, quiet: bool, t0: float) -> dict:
+    """Write a hybrid report's files and, unless ``quiet``, print its table and where it went."""
+    from ..report.hybrid import format_table, write_hybrid_report
     files = write_hybrid_report(report, out, plots=plots, t0=t0)
     if not quiet:
         print(format_table({**report, "title": wname, "longest": report["workload"]["longest"],

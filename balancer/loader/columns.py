@@ -78,12 +78,10 @@ def ids_row(values, sample: int, column: str) -> np.ndarray:
         raise ValueError(f"sample {sample}: tokens column {column!r} holds {v.dtype} of shape "
                          f"{v.shape}; token ids are integers, one per token (tokenize the "
                          f"text, or cast an integral column to int)")
-    if v.dtype.kind == "i" and v.size:
-        j = int(np.argmin(v))
-        if v[j] < 0:
-            j = int(np.flatnonzero(v < 0)[0])
-            raise ValueError(f"sample {sample}: tokens column {column!r} holds {int(v[j])} at "
-                             f"token {j}; a token id is >= 0 (-100 marks labels, not inputs)")
+    if v.dtype.kind == "i" and v.size and v.min() < 0:
+        j = int(np.flatnonzero(v < 0)[0])
+        raise ValueError(f"sample {sample}: tokens column {column!r} holds {int(v[j])} at "
+                         f"token {j}; a token id is >= 0 (-100 marks labels, not inputs)")
     return v
 
 

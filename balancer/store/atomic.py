@@ -59,26 +59,30 @@ def foreign_entry(path) -> Optional[str]:
     path = Path(path)
     for p in sorted(path.iterdir()):
         mode = _lstat_mode(p)
-        if mode is None:
+        if mode is None or (p.name == MANIFEST and stat.S_ISREG(mode)):
             continue
-        if p.name == MANIFEST and stat.S_ISREG(mode):
-            continue
-        if _SPILL_RE.fullmatch(p.name) and stat.S_ISDIR(mode):
-            for q in sorted(p.iterdir()):
-                mode = _lstat_mode(q)
-                if mode is not None and not (_SPILL_FILE_RE.fullmatch(q.name)
-                                             and stat.S_ISREG(mode)):
-                    return f"{p.name}/{q.name}"
-            continue
-        if not (_EPOCH_RE.fullmatch(p.name) and stat.S_ISDIR(mode)):
+        allowed = _spill_file if _SPILL_RE.fullmatch(p.name) else \
+            _plan_file if _EPOCH_RE.fullmatch(p.name) else None
+        if allowed is None or not stat.S_ISDIR(mode):
             return p.name
         for q in sorted(p.iterdir()):
-            ok = (q.suffix == ".npy" and (q.stem in ARRAYS or q.stem in HYBRID_ARRAYS)) or \
-                is_stamp_file(q.name)  # readers' verification stamps (balancer.store.verified)
             mode = _lstat_mode(q)
-            if mode is not None and not (ok and stat.S_ISREG(mode)):
+            if mode is not None and not (allowed(q.name) and stat.S_ISREG(mode)):
                 return f"{p.name}/{q.name}"
     return None
+
+
+def _plan_file(name: str) -> bool:
+    """A file an ``epoch-NNNN`` directory holds: an array, or a reader's verification stamp
+    (:mod:`balancer.store.verified`)."""
+    q = Path(name)
+    return (q.suffix == ".npy" and (q.stem in ARRAYS or q.stem in HYBRID_ARRAYS)) or \
+        is_stamp_file(name)
+
+
+def _spill_file(name: str) -> bool:
+    """A planned window a killed distributed precompute left in its spill directory."""
+    return _SPILL_FILE_RE.fullmatch(name) is not None
 
 
 def _lstat_mode(p: Path) -> Optional[int]:

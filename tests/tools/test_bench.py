@@ -1,20 +1,11 @@
 """tools/bench.py (issue 27 item 6): per workload and strategy the packing efficiency, its hard
 limit and the gap to it, and the costliest DP rank's gap to the step's lower bound, simple and
 capacity-aware, in the table and the JSON."""
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_tool", ROOT / "tools" / "bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tools import bench
 
 
 def test_efficiency_limit_and_lower_bound_gap_per_strategy(tmp_path, capsys):
@@ -22,7 +13,7 @@ def test_efficiency_limit_and_lower_bound_gap_per_strategy(tmp_path, capsys):
     f = tmp_path / "l.npy"
     np.save(f, lengths)
     js = tmp_path / "b.json"
-    assert _bench().main(["--lengths", str(f), "--dp", "4", "--microbatches", "2",
+    assert bench.main(["--lengths", str(f), "--dp", "4", "--microbatches", "2",
                           "--capacity", "8192", "--strategies", "sequential,balanced",
                           "--repeats", "1", "--json", str(js)]) == 0
     out = capsys.readouterr().out
