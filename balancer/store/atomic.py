@@ -178,7 +178,15 @@ def _moved_aside(path: Path) -> Optional[dict]:
         return None
     olds = [h for h in hidden_dirs(path)
             if h["kind"] == "old" and _has_plan_manifest(h["path"])]
-    return max(olds, key=lambda h: h["path"].stat().st_mtime_ns) if olds else None
+    return max(olds, key=lambda h: _mtime_ns(h["path"])) if olds else None
+
+
+def _mtime_ns(p: Path) -> int:
+    """``p``'s modification time, -1 when a writer has deleted it since it was listed."""
+    try:
+        return p.stat().st_mtime_ns
+    except FileNotFoundError:
+        return -1
 
 
 def cleanup_stale(path) -> list[str]:

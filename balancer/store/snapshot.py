@@ -41,6 +41,8 @@ class PlanSnapshot:
         try:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
+            if self.asked != self.path:   # the moved-aside old plan, deleted since: read anew
+                raise Replaced(str(self.path)) from None
             raise ValueError(f"{self.path}: no plan directory there") from None
         self._fds: list[int] = []
 
@@ -134,7 +136,15 @@ def read_whole(path, fn: Callable[[PlanSnapshot], T], resolve: Callable = Path) 
     anew on each try): when an overwrite replaced the plan mid-read, read the new one from the
     start; after :data:`READ_TRIES` replacements in a row a ValueError says so."""
     for _ in range(READ_TRIES):
-        with PlanSnapshot(resolve(path), asked=path) as snap:
+        try:
+            snap = PlanSnapshot(resolve(path), asked=path)
+        except Replaced:
+            continue
+        except ValueError:
+            if resolve(path) != Path(path):  # gone meanwhile: an overwrite between its renames
+                continue
+            raise
+        with snap:
             try:
                 return fn(snap)
             except Replaced:
