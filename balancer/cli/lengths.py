@@ -41,7 +41,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 def _run(args) -> int:
     from ..text_lengths import load_tokenizer, token_lengths
     from ..samples import SampleTable
-    from .store import open_dataset
+    from .args import open_dataset
     if not args.out and not args.save_dataset:
         raise ValueError("give --out LENGTHS.npy and / or --save-dataset DIR")
     if args.out and not args.out.endswith(".npy"):

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from . import args as cli_args
-from .args import open_dataset  # noqa: F401 (cli.store.open_dataset: the old home)
+from .args import open_dataset
 from ..store import plan_store as store
 from .. import workloads
 from .commands import command
