@@ -16,6 +16,23 @@ import numpy as np
 from packing.validate import as_sizes
 
 
+class _DefaultColumn(str):
+    """A column name nobody gave: the default ``"length"``, which falls back to a token column
+    when the dataset has none (a name the caller gives must exist)."""
+
+    def __repr__(self) -> str:
+        return f"{str.__repr__(self)} (the default)"
+
+
+#: ``length_column``'s default: ``"length"`` when the dataset has it, else a token column
+DEFAULT_LENGTH_COLUMN = _DefaultColumn("length")
+
+
+def is_default_column(name) -> bool:
+    """Whether ``name`` is :data:`DEFAULT_LENGTH_COLUMN` (not a name someone gave)."""
+    return isinstance(name, _DefaultColumn)
+
+
 @dataclass(frozen=True)
 class SampleTable:
     """Token length of every sample (int64[n], all >= 1), plus optional CSR multimodal fields."""
@@ -71,7 +88,7 @@ class SampleTable:
         return cls(as_sizes(arr, source=os.fspath(path)))
 
     @classmethod
-    def from_dataset(cls, ds, length_column: str | None = "length",
+    def from_dataset(cls, ds, length_column: str | None = DEFAULT_LENGTH_COLUMN,
                      tokens_column: str | None = None, num_proc: int | None = None, *,
                      tokenizer=None, text_column: str | None = None) -> "SampleTable":
         """Lengths from a ``datasets.Dataset``: the integer column ``length_column`` read
@@ -79,7 +96,10 @@ class SampleTable:
         ``map(num_proc=...)`` over ``tokens_column`` (list lengths from the Arrow offsets); or,
         with ``tokenizer`` (an object, or a name / local path for
         ``transformers.AutoTokenizer``), the token counts of ``text_column`` (default
-        ``"text"``) in one ``map(num_proc=...)`` pass (:mod:`balancer.text_lengths`)."""
+        ``"text"``) in one ``map(num_proc=...)`` pass (:mod:`balancer.text_lengths`). A
+        ``length_column`` named by the caller must exist unless another source (a token column,
+        a tokenizer) is named too; only the default ``"length"`` falls back on its own, and
+        ``None`` skips the length column."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -87,6 +107,11 @@ class SampleTable:
             col = ds.data.table.column(length_column) if ds._indices is None else \
                 ds.with_format("arrow")[length_column]
             return cls(_arrow_to_numpy(col))
+        if length_column and not is_default_column(length_column) and tokens_column is None \
+                and tokenizer is None and text_column is None:
+            raise ValueError(f"dataset has no length column {str(length_column)!r} (columns: "
+                             f"{ds.column_names}); name one of them, or leave length_column out "
+                             f"to read the default 'length' or fall back to a token column")
         if tokenizer is not None or text_column is not None:
             if tokens_column is not None:
                 raise ValueError("give tokens_column (token ids to measure) or tokenizer / "

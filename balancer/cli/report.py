@@ -13,6 +13,7 @@ from .args import manifest_lengths as _manifest_lengths, read_lengths as _read_l
 from .. import workloads
 from .commands import command
 from .progress import stages
+from ..samples import DEFAULT_LENGTH_COLUMN
 from ..cost.model import CostModel, load_cost_model
 from ..planning.planner import Plan
 from ..report.build import add_speedups, analyze, build_report, cost_block, format_summary, \
@@ -223,7 +224,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
                    "jsonl / parquet file(s) (comma-separated, or a directory of them), to read "
                    "lengths from instead of --lengths")
     g.add_argument("--split", default="train", help="split of a DatasetDict")
-    g.add_argument("--length-column", default="length", help="integer length column")
+    g.add_argument("--length-column", default=DEFAULT_LENGTH_COLUMN,
+                   help="integer length column (default 'length', else a token column)")
     g.add_argument("--tokens-column", default=None, help="token-id column when there is no "
                    "length column")
     g.add_argument("--loss-tokens", default=None, metavar="FILE.npy", help="trained tokens "

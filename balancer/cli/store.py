@@ -28,7 +28,7 @@ from .. import workloads
 from .commands import command
 from ..config import MAX_COUNT, Layout, PlannerConfig, load_yaml
 from ..cost.model import CostModel, load_cost_model
-from ..samples import SampleTable
+from ..samples import DEFAULT_LENGTH_COLUMN, SampleTable
 from ..world import World, launched_processes
 from ..frozen import FROZEN, NoBoolNumbers
 from ..resources import preset_names, preset_path
@@ -233,7 +233,9 @@ def load_samples(job: PrecomputeJob, seed: int = 0, order: str = "permutation"):
     if job.samples is not None:
         raise ValueError("--samples resamples a lengths workload, not a --dataset")
     ds = open_dataset(job.dataset)
-    return SampleTable.from_dataset(ds, job.length_column, job.tokens_column, job.num_proc)
+    # a --length-column given must exist; the default 'length' falls back to a token column
+    col = job.length_column if "length_column" in job.model_fields_set else DEFAULT_LENGTH_COLUMN
+    return SampleTable.from_dataset(ds, col, job.tokens_column, job.num_proc)
 
 
 def _init_distributed() -> tuple[bool, bool]:

@@ -56,3 +56,40 @@ def test_fingerprint_is_kept_only_for_lengths_the_table_owns(tmp_path):
     w[0] = 9
     w.flush()
     assert m.fingerprint() != before
+
+
+def test_a_named_length_column_that_is_missing_is_an_error():
+    # Found by review: from_dataset(ds, "nope") read input_ids instead, silently. A column the
+    # caller names must exist; only the default ("length") falls back to a token column.
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [1, 2, 3]]})
+    with pytest.raises(ValueError, match=r"no length column 'nope'.*input_ids"):
+        SampleTable.from_dataset(ds, "nope")
+    with pytest.raises(ValueError, match=r"no length column 'nope'"):
+        SampleTable.from_dataset(ds, length_column="nope")
+    assert SampleTable.from_dataset(ds).lengths.tolist() == [2, 3]  # the default falls back
+    # a named length column and a named token column: the token column is the fallback asked for
+    assert SampleTable.from_dataset(ds, "nope", "input_ids").lengths.tolist() == [2, 3]
+    assert SampleTable.from_dataset(ds, None).lengths.tolist() == [2, 3]  # None: no length column
+
+
+def test_report_length_column_flag_is_checked(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    from balancer.cli.app import main
+    d = tmp_path / "ds"
+    datasets.Dataset.from_dict({"input_ids": [[1] * 5] * 40}).save_to_disk(str(d))
+    args = ["report", "--dataset", str(d), "--capacity", "64", "--dp", "2"]
+    assert main(args + ["--length-column", "nope"]) != 0
+    assert "no length column 'nope'" in capsys.readouterr().err
+
+
+def test_precompute_length_column_flag_is_checked(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    from balancer.cli.app import main
+    d = tmp_path / "ds"
+    datasets.Dataset.from_dict({"input_ids": [[1] * 5] * 40}).save_to_disk(str(d))
+    base = ["precompute", "--dataset", str(d), "--capacity", "64", "--dp", "2", "--microbatches",
+            "1"]
+    assert main(base + ["--out", str(tmp_path / "a"), "--length-column", "nope"]) != 0
+    assert "no length column 'nope'" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "b")]) == 0  # the default falls back
