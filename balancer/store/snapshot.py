@@ -141,7 +141,10 @@ def read_whole(path, fn: Callable[[PlanSnapshot], T], resolve: Callable = Path) 
         except Replaced:
             continue
         except ValueError:
-            if resolve(path) != Path(path):  # gone meanwhile: an overwrite between its renames
+            # gone when opened: an overwrite between its two renames. Read again when the old
+            # plan is moved aside now, or the name is a directory again (the new plan landed
+            # between the open and this look)
+            if resolve(path) != Path(path) or os.path.isdir(path):
                 continue
             raise
         with snap:

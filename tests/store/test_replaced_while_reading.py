@@ -148,3 +148,27 @@ def test_overwrite_skips_a_stamp_that_a_reader_renames_away_meanwhile(two_plans,
     got, manifest = store.load_plan(p, 0)
     assert manifest["config"]["seed"] == 2
     assert_same_plan(got, b)
+
+
+def test_a_plan_gone_between_the_two_renames_and_back_is_read_again(two_plans, tmp_path):
+    """The two-rename overwrite (no RENAME_EXCHANGE) leaves the plan's name missing for a moment:
+    a reader that resolved the name while it was there, opened it while it was gone, and looked
+    again once the new plan was in place must read the new plan, not say 'no plan directory
+    there' (the racing test's fallback case failed so under load, CI of 2026-12-06)."""
+    from balancer.store.snapshot import read_whole
+    a, b = two_plans
+    p = store.save_plan(a, tmp_path / "plan")
+    aside = tmp_path / "moved-aside"
+    p.rename(aside)   # the writer's first rename: the name is gone
+    calls = []
+
+    def resolve(path):
+        calls.append(1)
+        if len(calls) == 2:   # the writer's second rename lands before the reader looks again
+            aside.rename(p)
+        return store_load.resolve_plan_dir(path) if len(calls) > 2 else type(p)(path)
+
+    got = read_whole(p, lambda snap: snap.manifest_bytes(), resolve=resolve)
+    assert got is not None and len(calls) >= 3
+    with pytest.raises(ValueError, match="no plan directory there"):   # really missing: an error
+        read_whole(tmp_path / "nothing", lambda snap: snap.manifest_bytes())
