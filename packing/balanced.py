@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
+from .balanced_fill import _take_ahead, _token_first
 from .balanced_pool import _compact_pool, _grow, _grow_bool, _grow_float, _grow_pool, _pool_add
 from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
                             _with_fresh)
@@ -63,7 +64,12 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     look = 0
     look_cum = 0  # fluid weight of [0, look)
     pos = np.int64(0)
-    pos_cum = 0   # fluid weight of [0, pos)
+    pos_cum = 0   # light weight of [0, pos), items read ahead of their turn (taken) included
+    ahead_w = 0   # light weight of the items at pos or later read ahead (the token-first step)
+    light_total = 0
+    for i in range(n):
+        if not (costs[i] - sizes[i] * cpt > thr):
+            light_total += w[i]
     step = np.int64(0)
     ne = 0
     nmb = 0
@@ -212,10 +218,12 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     lim = np_ + _CHUNK
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
                     # ``now`` of a new lump is set by the next round's schedule before any read
-                    pos, np_, nls, g = _read_until(sizes, costs, w, taken, cpt, thr, pos, need - got,
-                                                   np_, lim, nls, step, pool, parr, now, ls)
-                    got += g
-                    pos_cum += g
+                    pos, np_, nls, g, gt = _read_until(sizes, costs, w, taken, cpt, thr, pos,
+                                                       need - got, np_, lim, nls, step, pool,
+                                                       parr, now, ls)
+                    got += g + gt  # items read ahead count as read: the stream's weight
+                    pos_cum += g + gt
+                    ahead_w -= gt
                     fluid_w += g
                 continue
             if emit_w > budget and np_ > n_old:
@@ -246,6 +254,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                             fluid_w -= w[i]
                     while nls > 0 and ls[nls - 1] >= cut:
                         nls -= 1
+                    for j in range(pool[cut], pos if max_advance > 0 else 0):
+                        # items read ahead (taken) that pos moves back over
+                        if taken[j] and not (costs[j] - sizes[j] * cpt > thr):
+                            pos_cum -= w[j]
+                            ahead_w += w[j]
                     pos = pool[cut]
                     np_ = cut
             break
@@ -274,6 +287,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     nc += 1
             while pos < n and nc < n_bins:
                 if max_advance > 0 and taken[pos]:
+                    if not (costs[pos] - sizes[pos] * cpt > thr):  # read ahead: counted now
+                        pos_cum += w[pos]
+                        ahead_w -= w[pos]
                     pos += 1
                     continue
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
@@ -361,6 +377,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             got = 0
             while pos < n and got < hole:
                 if max_advance > 0 and taken[pos]:
+                    if not (costs[pos] - sizes[pos] * cpt > thr):  # read ahead: counted now
+                        pos_cum += w[pos]
+                        ahead_w -= w[pos]
                     pos += 1
                     continue
                 if np_ >= pool.shape[0] or nls >= ls.shape[0]:
@@ -375,6 +394,30 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 pos += 1
         if tail_break:
             break
+        # whole-rank units and a token budget: a step LPT left with holes is packed for tokens
+        # first when that holds more at a lower time per token (packing.balanced_fill)
+        if rank_units and topup and dp > 1:
+            tok = np.int64(0)  # typed: a literal start compiles the callee for Literal[int]
+            for b in range(n_bins):
+                tok += bin_tokens[b]
+            if (n_bins * capacity - tok) * 400 > n_bins * capacity:
+                read_ahead = (max_advance > 0 and pos < n and light_total - pos_cum - ahead_w
+                              > (max_delay + max_advance + 1) * budget)
+                adopt, bo, bt, bn, fi, fe = _token_first(
+                    items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos,
+                    max(budget, 1), max_advance, read_ahead, dp, m, capacity, step, bin_of, tok)
+                if adopt:
+                    for a in range(fi.shape[0]):
+                        ahead_w += w[fi[a]]
+                    pool, parr, now, ls, np_, nls, items, order = _take_ahead(
+                        pool, parr, now, ls, np_, nls, taken, items, order, fi, fe, step)
+                    bin_of = bo
+                    bin_tokens[:] = bt
+                    bin_count[:] = bn
+                    bin_cost[:] = 0.0
+                    for t in range(items.shape[0]):
+                        if bin_of[t] >= 0:
+                            bin_cost[bin_of[t]] += costs[items[t]]
         # whole-rank units: exchanges between the costliest and the cheapest rank while the
         # step is more than 0.5% above its lower bound (packing.rank_swap)
         if rank_units and dp > 1:
@@ -403,16 +446,20 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
 def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step, pool, parr,
                 now, ls):
     """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room)
-    until their light weight reaches ``need``, skipping items ``taken`` (read ahead; empty
-    array: none); arrival ``step``, not going now. Returns (pos, np_, nls, light weight read)."""
+    until the light weight passed reaches ``need``, skipping items ``taken`` (read ahead; empty
+    array: none; a light one's weight counts as passed); arrival ``step``, not going now.
+    Returns (pos, np_, nls, light weight read, light weight of the taken items skipped)."""
     n = sizes.shape[0]
     got = 0
+    skipped = 0
     adv = taken.shape[0] > 0
-    while pos < n and got < need and np_ < lim:
+    while pos < n and got + skipped < need and np_ < lim:
+        lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
         if adv and taken[pos]:
+            if not lump:
+                skipped += w[pos]
             pos += 1
             continue
-        lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
         pool[np_] = pos
         parr[np_] = step
         now[np_] = False
@@ -423,4 +470,4 @@ def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step
             got += w[pos]
         np_ += 1
         pos += 1
-    return pos, np_, nls, got
+    return pos, np_, nls, got, skipped

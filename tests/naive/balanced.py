@@ -4,8 +4,9 @@ nothing from production code: the outlier scheduler and the step assembly are th
 :mod:`tests.naive.core` and :mod:`tests.naive.steps`."""
 import numpy as np
 
-from tests.naive.core import schedule_lumps
-from tests.naive.steps import Steps, check_common, finish_tail, pack_exact
+from tests.naive.core import balanced_equal, schedule_lumps
+from tests.naive.steps import (Steps, check_common, fill_empty_bins, finish_bins, finish_tail,
+                               lpt_bins, pack_exact)
 
 
 def reference_cost_per_token(sizes, costs) -> float:
@@ -15,6 +16,96 @@ def reference_cost_per_token(sizes, costs) -> float:
     stride = max(1, n // 65536)
     r = costs[::stride] / sizes[::stride]
     return float(np.median(r)) if r.shape[0] else 1.0
+
+
+def _best_fit(room, s):
+    """The fullest bin with room for ``s`` (the lowest on ties), or -1."""
+    fits = [b for b in range(len(room)) if room[b] >= s]
+    return min(fits, key=lambda b: (room[b], b)) if fits else -1
+
+
+def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is_lump, pos,
+                budget, max_advance, read_ahead, dp, m, capacity):
+    """The token-first packing of a step LPT left with holes (``packing.balanced_fill``):
+    best fit of the candidates ``cand`` (deadline ones largest first, then those over half the
+    capacity oldest first, then the rest largest first), the holes filled from the light items
+    ahead of ``pos`` (when ``read_ahead`` and a third of the bins' worth of long items is not
+    left over), the bins to ranks by the balanced partition of their costs. Returns None (LPT's
+    packing stands) or (bins of the candidates then of the items read ahead, ranks' bins
+    consecutive; the items read ahead; their steps early)."""
+    nb = dp * m
+    nc = len(cand)
+
+    def key(t):
+        s = int(sizes[cand[t]])
+        if cls[t] == 0:
+            return (0, 0, capacity - s, t)
+        if 2 * s > capacity:
+            return (1, int(arr[t]), capacity - s, t)
+        return (2, 0, capacity - s, t)
+    room = [capacity] * nb
+    bo = [-1] * nc
+    for t in sorted(range(nc), key=key):
+        b = _best_fit(room, int(sizes[cand[t]]))
+        if b >= 0:
+            bo[t] = b
+            room[b] -= int(sizes[cand[t]])
+    left = sum(1 for t in range(nc) if bo[t] < 0 and 2 * int(sizes[cand[t]]) > capacity)
+    fill, est = [], []
+    if read_ahead and left * 3 <= nb and sum(room) * 400 > nb * capacity:
+        maxroom = max(room)
+        found, ahead, q = [], 0, pos
+        while q < sizes.shape[0] and len(found) < 16 * nb + 256:
+            if taken[q] or is_lump[q]:
+                q += 1
+                continue
+            e = 1 + ahead // budget
+            if e > max_advance:
+                break
+            if sizes[q] <= maxroom:
+                found.append((int(q), e))
+            ahead += int(w[q])
+            q += 1
+        for i, e in sorted(found, key=lambda f: -int(sizes[f[0]])):  # stable: stream order
+            b = _best_fit(room, int(sizes[i]))
+            if b >= 0:
+                room[b] -= int(sizes[i])
+                bo.append(b)
+                fill.append(i)
+                est.append(e)
+    tokens = nb * capacity - sum(room)
+    lpt_tokens = sum(int(sizes[cand[k]]) for k in lpt_placed)
+    if tokens <= lpt_tokens:
+        return None
+    items = list(cand) + fill
+    placed = [t for t in range(len(items)) if bo[t] >= 0]
+    b_of = [bo[t] for t in placed]
+    count = [0] * nb
+    for b in b_of:
+        count[b] += 1
+    fill_empty_bins(b_of, [costs[items[t]] for t in placed], count)
+    for t, b in zip(placed, b_of):
+        bo[t] = b
+    bcost = [0.0] * nb
+    for t in placed:
+        bcost[bo[t]] += costs[items[t]]
+    rank = balanced_equal(bcost, dp).tolist()
+    r_lpt, r_new = [0.0] * dp, [0.0] * dp
+    for k, b in zip(lpt_placed, lpt_b_of):
+        r_lpt[b // m] += costs[cand[k]]
+    for t in placed:
+        r_new[rank[bo[t]]] += costs[items[t]]
+    s_lpt = s_new = 0.0
+    for r in range(dp):
+        s_lpt += r_lpt[r]
+        s_new += r_new[r]
+    if not max(r_new) * s_lpt <= max(r_lpt) * s_new:
+        return None
+    new_bin, used = [0] * nb, [0] * dp
+    for b in range(nb):
+        new_bin[b] = rank[b] * m + used[rank[b]]
+        used[rank[b]] += 1
+    return [new_bin[b] if b >= 0 else -1 for b in bo], fill, est
 
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
@@ -28,7 +119,9 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     the next ``max_delay + 1`` steps, seeing the lumps that will arrive (``lookahead``), so that
     lumps share steps with similar ones; an item is never held more than ``max_delay`` steps.
     With a token budget of the whole capacity, a step whose packing leaves more than 0.25% of
-    its capacity empty reads fresh items of the holes' weight and is packed again, once.
+    its capacity empty reads fresh items of the holes' weight and is packed again, once; with
+    whole-rank units a step still left with holes is also packed for tokens first
+    (:func:`token_first`) and keeps that when it holds more tokens at no worse balance.
     The step is packed with LPT on cost under the token capacity (``pack_step``), items at their
     deadline first, then scheduled lumps, then light items oldest first. Units are microbatches
     (``rank_units=False``; then spread over ranks by balanced equal-count partition) or whole DP
@@ -190,6 +283,29 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             now = np.concatenate([now, np.zeros(rd.shape[0], bool)])
         if to_tail:
             break  # the tail takes what is left
+        if rank_units and topup and dp > 1 and hole * 400 > dp * m * capacity:
+            placed, b_of, rest = lpt_bins(cand, sizes, costs, dp, m, capacity, rank_units)
+            untaken = ~is_lump[pos:] & ~taken[pos:]
+            read_ahead = (max_advance > 0 and pos < n and int(w[pos:][untaken].sum())
+                          > (max_delay + max_advance + 1) * budget)
+            tf = token_first(cand, cls[o], (arr[cand_idx]), placed, b_of, sizes, costs, w, taken,
+                             is_lump, pos, max(budget, 1), max_advance, read_ahead, dp, m,
+                             capacity)
+            if tf is not None:
+                bins, fill, est = tf
+                fill = np.asarray(fill, dtype=np.int64)
+                taken[fill] = True
+                new_idx = np.arange(pool.shape[0], pool.shape[0] + fill.shape[0])
+                pool = np.concatenate([pool, fill])
+                arr = np.concatenate([arr, step + np.asarray(est, dtype=np.int64)])
+                delay = step - arr
+                cand = np.concatenate([cand, fill])
+                cand_idx = np.concatenate([cand_idx, new_idx])
+                placed = [t for t in range(len(bins)) if bins[t] >= 0]
+                rest = [t for t in range(len(bins)) if bins[t] < 0]
+                out, counts, idx, rest = finish_bins(cand, placed, [bins[t] for t in placed],
+                                                     rest, sizes, costs, dp, m, capacity,
+                                                     rank_units, True, pp)
         builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
         keep = np.ones(pool.shape[0], bool)
         keep[cand_idx[idx]] = False

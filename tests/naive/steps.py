@@ -299,12 +299,28 @@ def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
     did not fit). With ``balance``, whole-rank units and dp > 1 the step goes through
     :func:`rank_swaps` before its microbatches get their positions (every step: the main loop's
     and the tail's)."""
+    placed, b_of, rest = lpt_bins(items, sizes, costs, dp, m, capacity, rank_units)
+    return finish_bins(items, placed, b_of, rest, sizes, costs, dp, m, capacity, rank_units,
+                       balance, pp)
+
+
+def lpt_bins(items, sizes, costs, dp, m, capacity, rank_units):
+    """The LPT packing of :func:`pack_exact` before its exchanges: (indices into ``items`` of
+    the placed ones, their bins, indices of the others); every bin holds an item."""
     n_units, bpu = (dp, m) if rank_units else (dp * m, 1)
     bin_of, _, _, count = pack_step(items, sizes, costs, n_units, bpu, capacity)
     placed = [k for k, b in enumerate(bin_of) if b >= 0]
     rest = [k for k, b in enumerate(bin_of) if b < 0]
     b_of = [bin_of[k] for k in placed]
     fill_empty_bins(b_of, [costs[items[k]] for k in placed], count)
+    return placed, b_of, rest
+
+
+def finish_bins(items, placed, b_of, rest, sizes, costs, dp, m, capacity, rank_units, balance,
+                pp=1):
+    """The rest of :func:`pack_exact` from a packing (``placed``: indices into ``items``, ``b_of``
+    their bins, ranks' bins consecutive): the exchanges, then the microbatch positions."""
+    b_of = list(b_of)
     if balance and rank_units and dp > 1:
         rank_swaps([sizes[items[k]] for k in placed], [costs[items[k]] for k in placed], b_of,
                    dp, m, capacity)

@@ -229,3 +229,26 @@ def test_an_infeasible_tail_is_still_refused_by_name():
     costs = sizes.astype(float)
     with pytest.raises(ValueError, match="tail='carry'"):
         plan_balanced(sizes, costs, 2, 2, 2048, 8192, 4, rank_units=True, tail="partial")
+
+
+@pytest.mark.parametrize("adv", [3, 12])
+@pytest.mark.parametrize("scale", [4096, 65536])
+def test_token_first_steps_equal_the_reference(adv, scale):
+    # Uniform lengths up to the capacity: about half the documents are longer than half a
+    # microbatch, LPT on cost leaves holes, and the token-first step (packing.balanced_fill)
+    # packs for tokens and fills the holes with light items read ahead of their turn.
+    rng = np.random.default_rng(11)
+    cap = 4096
+    sizes = rng.integers(1, cap + 1, 3000).astype(np.int64)
+    costs = 3 * (sizes + sizes.astype(float) ** 2 / scale)
+    kw = dict(rank_units=True, max_advance=adv, tail="carry")
+    a = plan_balanced(sizes, costs, 4, 2, cap, 4 * 2 * cap, 4, **kw)
+    b = naive_balanced.plan_balanced(sizes, costs, 4, 2, cap, 4 * 2 * cap, 4, **kw)
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    every = np.sort(np.concatenate([a.entry_item, a.leftover]))  # the tail carries the rest
+    assert np.array_equal(every, np.arange(sizes.shape[0]))
+    assert a.entry_delay.max() <= 4 and a.entry_delay.min() >= -adv
+    cpt = naive_balanced.reference_cost_per_token(sizes, costs)
+    light = (costs - sizes * cpt) <= 0.02 * 2 * cap * cpt
+    assert (a.entry_delay[light[a.entry_item]] < 0).sum() > 50  # light items were read ahead

@@ -1,0 +1,249 @@
+"""The ``balanced`` planner's token-first step, for whole-rank units with a token budget of the
+whole capacity, tried when LPT on cost (:func:`packing.steppack._pack_step`) leaves more than
+0.25% of a step empty.
+
+Why: LPT sends every item to the cheapest rank with room, so the ranks' costs come out even but
+the step's short items end up wherever a rank was cheap, not in the holes next to long items.
+When about half the documents are longer than half a microbatch (uniform lengths up to the
+capacity, say), every microbatch must hold one long document plus short ones that make up
+its complement, and LPT leaves 5-6% of every step empty. The token-first step packs for tokens
+first and balances cost afterwards:
+
+1. best fit of the step's candidates into its ``dp * m`` microbatches: items at their deadline
+   first (largest first), then items longer than half a microbatch oldest first (at most one a
+   microbatch; first in, first out keeps their delay bounded), then the rest largest first
+   (:func:`_bfd_bins`);
+2. the holes left are filled with light items read ahead of their turn (:func:`_ahead`):
+   the stream's next light items, within ``max_advance`` steps of light weight, best fit
+   largest first; each is marked taken (the stream skips it later) and its delay is minus the
+   steps it was read early, as for look-ahead lumps. Not while a third of the step's
+   microbatches' worth of long items is left over (taking short items from the stream's
+   future makes its long items come faster; this keeps their queue, and so their delay, short)
+   nor within ``max_delay + max_advance + 1`` steps of light weight of the stream's end;
+3. the microbatches go to ranks by the balanced equal-count partition of their costs
+   (:func:`packing.balanced_step._rank_of_bins`), then the rank exchange pass runs as for LPT.
+
+The step keeps it when it holds more tokens than LPT's at a lower time per token (costliest
+rank over tokens); otherwise LPT's packing stands and nothing is read ahead. The plain version,
+step for step the same, is in ``tests/naive/balanced.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import kernel
+from .balanced_pool import _grow_pool, _pool_add
+from .balanced_step import _fill_empty_bins, _rank_of_bins
+
+#: the step's holes are filled from at most this many light items read ahead (per microbatch,
+#: plus a constant): the best fit for a hole is among the next few hundred items
+AHEAD_PER_BIN = 16
+AHEAD_BASE = 256
+#: long items left over by the best fit, in microbatches per long item, above which nothing is
+#: read ahead (1/3 of the step's microbatches)
+BACKLOG_SHARE = 3
+
+
+@kernel
+def _bfd_bins(items, cls, arr, sizes, capacity, bin_of, bin_tokens, bin_count):
+    """Token-first packing of one step's candidates ``items`` (``cls``: 0 at the deadline,
+    1 otherwise; ``arr`` their arrival steps) into ``bin_tokens.shape[0]`` bins (zeroed by the
+    caller): the deadline items largest first, then items over half the capacity oldest first,
+    then the others largest first (a stable order), each into the fullest bin with room (the
+    lowest on ties). ``bin_of[t]`` gets the bin of ``items[t]`` or -1. Returns tokens placed."""
+    nc = items.shape[0]
+    nb = bin_tokens.shape[0]
+    key = np.empty(nc, dtype=np.int64)
+    lo = arr.min() if nc > 0 else 0
+    for t in range(nc):
+        s = sizes[items[t]]
+        if cls[t] == 0:
+            key[t] = capacity - s
+        elif 2 * s > capacity:
+            key[t] = (1 << 61) + (arr[t] - lo) * (capacity + 1) + (capacity - s)
+        else:
+            key[t] = (2 << 61) + (capacity - s)
+    o = np.argsort(key, kind="mergesort")
+    placed = 0
+    for q in range(nc):
+        t = o[q]
+        s = sizes[items[t]]
+        best = -1
+        room = capacity + 1
+        for b in range(nb):
+            r = capacity - bin_tokens[b]
+            if r >= s and r < room:
+                room = r
+                best = b
+        bin_of[t] = best
+        if best >= 0:
+            bin_tokens[best] += s
+            bin_count[best] += 1
+            placed += s
+    return placed
+
+
+@kernel
+def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, bin_tokens,
+           bin_count, out_item, out_est, out_bin):
+    """Fill the holes of ``bin_tokens`` with light items read ahead from ``pos`` (skipping
+    taken items and lumps; the light weight before an item, from ``pos``, gives its steps
+    early ``est = 1 + weight // budget``, at most ``max_advance``; at most ``out_item.shape[0]``
+    items that fit some hole are looked at), largest first (a stable order), each into the
+    fullest bin with room. Writes the placed items, their ``est`` and bins to ``out_*`` and
+    updates ``bin_tokens``/``bin_count`` (nothing is marked taken). Returns how many."""
+    n = sizes.shape[0]
+    nb = bin_tokens.shape[0]
+    maxroom = 0
+    for b in range(nb):
+        if capacity - bin_tokens[b] > maxroom:
+            maxroom = capacity - bin_tokens[b]
+    wmax = out_item.shape[0]
+    cand = np.empty(wmax, dtype=np.int64)
+    cest = np.empty(wmax, dtype=np.int64)
+    nc = 0
+    ahead = 0
+    q = pos
+    while q < n and nc < wmax:
+        if taken[q] or costs[q] - sizes[q] * cpt > thr:
+            q += 1
+            continue
+        est = 1 + ahead // budget
+        if est > max_advance:
+            break
+        if sizes[q] <= maxroom:
+            cand[nc] = q
+            cest[nc] = est
+            nc += 1
+        ahead += w[q]
+        q += 1
+    key = np.empty(nc, dtype=np.int64)
+    for t in range(nc):
+        key[t] = capacity - sizes[cand[t]]
+    o = np.argsort(key, kind="mergesort")
+    na = 0
+    for j in range(nc):
+        t = o[j]
+        s = sizes[cand[t]]
+        best = -1
+        room = capacity + 1
+        for b in range(nb):
+            r = capacity - bin_tokens[b]
+            if r >= s and r < room:
+                room = r
+                best = b
+        if best >= 0:
+            bin_tokens[best] += s
+            bin_count[best] += 1
+            out_item[na] = cand[t]
+            out_est[na] = cest[t]
+            out_bin[na] = best
+            na += 1
+    return na
+
+
+@kernel
+def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos, budget,
+                 max_advance, read_ahead, dp, m, capacity, step, bin_of, lpt_tokens):
+    """The token-first packing of a step whose LPT packing (``bin_of``: bin of ``items[t]``,
+    -1 not placed; ``lpt_tokens`` its tokens) left holes. ``items``/``order``/``ocls``: the
+    step's candidates, their pool slots and priority classes; ``read_ahead``: whether the holes
+    may be filled from the stream ahead of ``pos``. Returns ``(adopt, bins int64[nc + na]``
+    (the new bin of every candidate, then of every item read ahead, ranks' bins consecutive),
+    ``bin_tokens, bin_count, ahead items, their steps early)``; with ``adopt`` False the step
+    keeps LPT's packing and nothing is read ahead."""
+    n_bins = dp * m
+    nc = items.shape[0]
+    cls = np.empty(nc, dtype=np.int64)
+    arr = np.empty(nc, dtype=np.int64)
+    for t in range(nc):
+        cls[t] = 0 if ocls[t] == 0 else 1
+        arr[t] = parr[order[t]]
+    wmax = AHEAD_PER_BIN * n_bins + AHEAD_BASE
+    bo = np.full(nc + wmax, -1, dtype=np.int64)
+    bt = np.zeros(n_bins, dtype=np.int64)
+    bn = np.zeros(n_bins, dtype=np.int64)
+    tok = _bfd_bins(items, cls, arr, sizes, capacity, bo[:nc], bt, bn)
+    # long items left over: a third of the microbatches' worth or more, nothing is read ahead
+    left = 0
+    for t in range(nc):
+        if bo[t] < 0 and 2 * sizes[items[t]] > capacity:
+            left += 1
+    fi = np.empty(wmax, dtype=np.int64)
+    fe = np.empty(wmax, dtype=np.int64)
+    na = 0
+    if read_ahead and left * BACKLOG_SHARE <= n_bins and \
+            (n_bins * capacity - tok) * 400 > n_bins * capacity:
+        na = _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, bt, bn,
+                    fi, fe, bo[nc:])
+        for a in range(na):
+            tok += sizes[fi[a]]
+    ntot = nc + na
+    bo = bo[:ntot]
+    if tok <= lpt_tokens:
+        return False, bo, bt, bn, fi[:0], fe[:0]
+    all_items = np.empty(ntot, dtype=np.int64)
+    all_items[:nc] = items
+    all_items[nc:] = fi[:na]
+    bcost = np.zeros(n_bins)
+    _fill_empty_bins(all_items, sizes, costs, bo, bt, bcost, bn)
+    bcost[:] = 0.0   # costs summed in item order (as the plain reference does)
+    for t in range(ntot):
+        if bo[t] >= 0:
+            bcost[bo[t]] += costs[all_items[t]]
+    rank = np.empty(n_bins, dtype=np.int64)
+    _rank_of_bins(bcost, dp, m, np.bool_(False), rank)
+    r_lpt = np.zeros(dp)
+    r_new = np.zeros(dp)
+    for t in range(nc):
+        if bin_of[t] >= 0:
+            r_lpt[bin_of[t] // m] += costs[items[t]]
+    for t in range(ntot):
+        if bo[t] >= 0:
+            r_new[rank[bo[t]]] += costs[all_items[t]]
+    # more tokens, the costliest rank no further above the mean rank than LPT's (sums in rank
+    # order, as the plain reference does)
+    s_lpt = 0.0
+    s_new = 0.0
+    for r in range(dp):
+        s_lpt += r_lpt[r]
+        s_new += r_new[r]
+    if not r_new.max() * s_lpt <= r_lpt.max() * s_new:
+        return False, bo, bt, bn, fi[:0], fe[:0]
+    new_bin = np.empty(n_bins, dtype=np.int64)
+    used = np.zeros(dp, dtype=np.int64)
+    for b in range(n_bins):
+        new_bin[b] = rank[b] * m + used[rank[b]]
+        used[rank[b]] += 1
+    bt2 = np.empty(n_bins, dtype=np.int64)
+    bn2 = np.empty(n_bins, dtype=np.int64)
+    for b in range(n_bins):
+        bt2[new_bin[b]] = bt[b]
+        bn2[new_bin[b]] = bn[b]
+    for t in range(ntot):
+        if bo[t] >= 0:
+            bo[t] = new_bin[bo[t]]
+    return True, bo, bt2, bn2, fi[:na], fe[:na]
+
+
+@kernel
+def _take_ahead(pool, parr, now, ls, np_, nls, taken, items, order, fi, fe, step):
+    """The items ``fi`` read ahead by the token-first step into the pool (marked taken, going
+    now, arrived ``step + fe``: their delay is minus the steps they were read early) and after
+    the step's candidates ``items`` (their pool slots ``order``). Returns (pool, parr, now, ls,
+    items in the pool, lumps among them, items, order)."""
+    nc = items.shape[0]
+    na = fi.shape[0]
+    items2 = np.empty(nc + na, dtype=np.int64)
+    order2 = np.empty(nc + na, dtype=np.int64)
+    items2[:nc] = items
+    order2[:nc] = order
+    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + na, nls + 1)
+    for a in range(na):
+        taken[fi[a]] = True
+        nls = _pool_add(pool, parr, now, ls, np_, nls, fi[a], step + fe[a], np.bool_(True),
+                        np.bool_(False))
+        items2[nc + a] = fi[a]
+        order2[nc + a] = np_
+        np_ += 1
+    return pool, parr, now, ls, np_, nls, items2, order2
