@@ -33,7 +33,9 @@ import numpy as np
 
 from ._jit import kernel
 from .balanced_pool import _grow_pool, _pool_add
-from .balanced_step import _fill_empty_bins, _rank_of_bins
+from .balanced_step import _fill_empty_bins
+from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
+from .binpack import _first_at_or_after, _tree_add
 
 #: the step's holes are filled from at most this many light items read ahead (per microbatch,
 #: plus a constant): the best fit for a hole is among the next few hundred items
@@ -42,17 +44,52 @@ AHEAD_BASE = 256
 #: long items left over by the best fit, in microbatches per long item, above which nothing is
 #: read ahead (1/3 of the step's microbatches)
 BACKLOG_SHARE = 3
+#: swap rounds refining the microbatches' split over ranks (the exchange pass follows; the full
+#: 4 dp + 16 rounds cost O(bins dp^2) a step: 12 ms at 256 ranks x 4)
+REFINE_ROUNDS = 8
+
+
+# The best-fit structure (a step's bins by room) is three arrays: ``tree`` (int32[2p], a count
+# tree of the bins with each room 0..capacity), ``head`` (int64[capacity + 1], the bin pushed
+# last with that room) and ``nxt`` (int64[bins], the bin pushed before it with the same room).
+# The fullest bin with room for ``s`` is the one on top of the smallest room >= s, found in
+# O(log capacity) (a scan over the bins made a step cost O(bins^2): 29 s for 1M documents on
+# 256 ranks). Ties go to the bin pushed last; the plain reference keeps the same stacks.
 
 
 @kernel
-def _bfd_bins(items, cls, arr, sizes, capacity, bin_of, bin_tokens, bin_count):
+def _rooms_push(tree, head, nxt, p, b, r):
+    """Bin ``b`` now has room ``r`` (> 0; a full bin is not kept)."""
+    nxt[b] = head[r]
+    head[r] = b
+    _tree_add(tree, p, r, np.int64(1))
+
+
+@kernel
+def _rooms_pop(tree, head, nxt, p, s):
+    """The fullest bin with room >= ``s`` taken off its stack: (bin, its room), or (-1, -1)."""
+    r = _first_at_or_after(tree, p, s)
+    if r < 0:
+        return -1, -1
+    b = head[r]
+    head[r] = nxt[b]
+    _tree_add(tree, p, r, np.int64(-1))
+    return b, r
+
+
+@kernel
+def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_tokens,
+              bin_count):
     """Token-first packing of one step's candidates ``items`` (``cls``: 0 at the deadline,
     1 otherwise; ``arr`` their arrival steps) into ``bin_tokens.shape[0]`` bins (zeroed by the
-    caller): the deadline items largest first, then items over half the capacity oldest first,
-    then the others largest first (a stable order), each into the fullest bin with room (the
-    lowest on ties). ``bin_of[t]`` gets the bin of ``items[t]`` or -1. Returns tokens placed."""
+    caller; the room structure ``tree``/``head``/``nxt`` empty): the deadline items largest
+    first, then items over half the capacity oldest first, then the others largest first (a
+    stable order), each into the fullest bin with room. ``bin_of[t]`` gets the bin of
+    ``items[t]`` or -1; the room structure holds the bins' rooms after. Returns tokens placed."""
     nc = items.shape[0]
     nb = bin_tokens.shape[0]
+    for b in range(nb):
+        _rooms_push(tree, head, nxt, p, b, capacity)
     key = np.empty(nc, dtype=np.int64)
     lo = arr.min() if nc > 0 else 0
     for t in range(nc):
@@ -68,34 +105,30 @@ def _bfd_bins(items, cls, arr, sizes, capacity, bin_of, bin_tokens, bin_count):
     for q in range(nc):
         t = o[q]
         s = sizes[items[t]]
-        best = -1
-        room = capacity + 1
-        for b in range(nb):
-            r = capacity - bin_tokens[b]
-            if r >= s and r < room:
-                room = r
-                best = b
-        bin_of[t] = best
-        if best >= 0:
-            bin_tokens[best] += s
-            bin_count[best] += 1
+        b, r = _rooms_pop(tree, head, nxt, p, s)
+        bin_of[t] = b
+        if b >= 0:
+            if r > s:
+                _rooms_push(tree, head, nxt, p, b, r - s)
+            bin_tokens[b] += s
+            bin_count[b] += 1
             placed += s
     return placed
 
 
 @kernel
-def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, bin_tokens,
-           bin_count, out_item, out_est, out_bin):
-    """Fill the holes of ``bin_tokens`` with light items read ahead from ``pos`` (skipping
-    taken items and lumps; the light weight before an item, from ``pos``, gives its steps
-    early ``est = 1 + weight // budget``, at most ``max_advance``; at most ``out_item.shape[0]``
-    items that fit some hole are looked at), largest first (a stable order), each into the
-    fullest bin with room. Writes the placed items, their ``est`` and bins to ``out_*`` and
-    updates ``bin_tokens``/``bin_count`` (nothing is marked taken). Returns how many."""
+def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, tree, head,
+           nxt, p, bin_tokens, bin_count, out_item, out_est, out_bin):
+    """Fill the holes of the bins (their rooms in ``tree``/``head``/``nxt``) with light items
+    read ahead from ``pos`` (skipping taken items and lumps; the light weight before an item,
+    from ``pos``, gives its steps early ``est = 1 + weight // budget``, at most
+    ``max_advance``; at most ``out_item.shape[0]`` items that fit some hole are looked at),
+    largest first (a stable order), each into the fullest bin with room. Writes the placed
+    items, their ``est`` and bins to ``out_*`` and updates ``bin_tokens``/``bin_count``
+    (nothing is marked taken). Returns how many."""
     n = sizes.shape[0]
-    nb = bin_tokens.shape[0]
     maxroom = 0
-    for b in range(nb):
+    for b in range(bin_tokens.shape[0]):
         if capacity - bin_tokens[b] > maxroom:
             maxroom = capacity - bin_tokens[b]
     wmax = out_item.shape[0]
@@ -125,21 +158,35 @@ def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity,
     for j in range(nc):
         t = o[j]
         s = sizes[cand[t]]
-        best = -1
-        room = capacity + 1
-        for b in range(nb):
-            r = capacity - bin_tokens[b]
-            if r >= s and r < room:
-                room = r
-                best = b
-        if best >= 0:
-            bin_tokens[best] += s
-            bin_count[best] += 1
+        b, r = _rooms_pop(tree, head, nxt, p, s)
+        if b >= 0:
+            if r > s:
+                _rooms_push(tree, head, nxt, p, b, r - s)
+            bin_tokens[b] += s
+            bin_count[b] += 1
             out_item[na] = cand[t]
             out_est[na] = cest[t]
-            out_bin[na] = best
+            out_bin[na] = b
             na += 1
     return na
+
+
+@kernel
+def _bins_to_ranks(bcost, dp, rank):
+    """``rank`` (int64[bins]): the better (lower largest load; LPT on ties) of the LPT and
+    Karmarkar-Karp equal-count partitions of the bin costs ``bcost`` over ``dp`` ranks, each
+    refined by :data:`REFINE_ROUNDS` rounds of swaps."""
+    nb = bcost.shape[0]
+    g1 = np.empty(nb, dtype=np.int64)
+    g2 = np.empty(nb, dtype=np.int64)
+    _lpt_equal(bcost, dp, g1)
+    _refine_swaps(bcost, g1, dp, np.int64(REFINE_ROUNDS))
+    _kk(bcost, dp, np.bool_(True), g2)
+    _refine_swaps(bcost, g2, dp, np.int64(REFINE_ROUNDS))
+    if _group_loads(bcost, g2, dp).max() < _group_loads(bcost, g1, dp).max():
+        rank[:] = g2
+    else:
+        rank[:] = g1
 
 
 @kernel
@@ -163,7 +210,13 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     bo = np.full(nc + wmax, -1, dtype=np.int64)
     bt = np.zeros(n_bins, dtype=np.int64)
     bn = np.zeros(n_bins, dtype=np.int64)
-    tok = _bfd_bins(items, cls, arr, sizes, capacity, bo[:nc], bt, bn)
+    p = 1
+    while p < capacity + 1:
+        p *= 2
+    tree = np.zeros(2 * p, dtype=np.int32)   # the bins' rooms (_Rooms), O(capacity) a step
+    head = np.full(capacity + 1, -1, dtype=np.int64)
+    nxt = np.empty(n_bins, dtype=np.int64)
+    tok = _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bo[:nc], bt, bn)
     # long items left over: a third of the microbatches' worth or more, nothing is read ahead
     left = 0
     for t in range(nc):
@@ -174,8 +227,8 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     na = 0
     if read_ahead and left * BACKLOG_SHARE <= n_bins and \
             (n_bins * capacity - tok) * 400 > n_bins * capacity:
-        na = _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, bt, bn,
-                    fi, fe, bo[nc:])
+        na = _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, tree,
+                    head, nxt, p, bt, bn, fi, fe, bo[nc:])
         for a in range(na):
             tok += sizes[fi[a]]
     ntot = nc + na
@@ -192,7 +245,7 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
         if bo[t] >= 0:
             bcost[bo[t]] += costs[all_items[t]]
     rank = np.empty(n_bins, dtype=np.int64)
-    _rank_of_bins(bcost, dp, m, np.bool_(False), rank)
+    _bins_to_ranks(bcost, dp, rank)
     r_lpt = np.zeros(dp)
     r_new = np.zeros(dp)
     for t in range(nc):

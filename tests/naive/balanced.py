@@ -4,7 +4,7 @@ nothing from production code: the outlier scheduler and the step assembly are th
 :mod:`tests.naive.core` and :mod:`tests.naive.steps`."""
 import numpy as np
 
-from tests.naive.core import balanced_equal, schedule_lumps
+from tests.naive.core import kk_equal, lpt_equal, refine_swaps, schedule_lumps
 from tests.naive.steps import (Steps, check_common, fill_empty_bins, finish_bins, finish_tail,
                                lpt_bins, pack_exact)
 
@@ -18,10 +18,35 @@ def reference_cost_per_token(sizes, costs) -> float:
     return float(np.median(r)) if r.shape[0] else 1.0
 
 
-def _best_fit(room, s):
-    """The fullest bin with room for ``s`` (the lowest on ties), or -1."""
-    fits = [b for b in range(len(room)) if room[b] >= s]
-    return min(fits, key=lambda b: (room[b], b)) if fits else -1
+class _Rooms:
+    """A step's bins by room, as ``packing.balanced_fill`` keeps them: a stack of bins per room;
+    the fullest bin with room for ``s`` is the top of the smallest room >= s."""
+
+    def __init__(self):
+        self.stack = {}
+
+    def push(self, b, r):
+        if r > 0:   # a full bin is not kept
+            self.stack.setdefault(r, []).append(b)
+
+    def pop(self, s):
+        rooms = [r for r, st in self.stack.items() if r >= s and st]
+        if not rooms:
+            return -1
+        return self.stack[min(rooms)].pop()
+
+
+def bins_to_ranks(costs, dp, rounds=8):
+    """``packing.balanced_fill._bins_to_ranks``: the better of LPT and KK equal-count
+    partitions, each refined by ``rounds`` rounds of swaps (KK only when strictly lower)."""
+    def largest(groups):
+        loads = [0.0] * dp
+        for i, g in enumerate(groups):
+            loads[g] += costs[i]
+        return max(loads)
+    a = refine_swaps(costs, lpt_equal(costs, dp), dp, rounds)
+    b = refine_swaps(costs, kk_equal(costs, dp), dp, rounds)
+    return [int(g) for g in (b if largest(b) < largest(a) else a)]
 
 
 def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is_lump, pos,
@@ -44,12 +69,17 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
             return (1, int(arr[t]), capacity - s, t)
         return (2, 0, capacity - s, t)
     room = [capacity] * nb
+    rooms = _Rooms()
+    for b in range(nb):
+        rooms.push(b, capacity)
     bo = [-1] * nc
     for t in sorted(range(nc), key=key):
-        b = _best_fit(room, int(sizes[cand[t]]))
+        s = int(sizes[cand[t]])
+        b = rooms.pop(s)
         if b >= 0:
             bo[t] = b
-            room[b] -= int(sizes[cand[t]])
+            room[b] -= s
+            rooms.push(b, room[b])
     left = sum(1 for t in range(nc) if bo[t] < 0 and 2 * int(sizes[cand[t]]) > capacity)
     fill, est = [], []
     if read_ahead and left * 3 <= nb and sum(room) * 400 > nb * capacity:
@@ -67,9 +97,10 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
             ahead += int(w[q])
             q += 1
         for i, e in sorted(found, key=lambda f: -int(sizes[f[0]])):  # stable: stream order
-            b = _best_fit(room, int(sizes[i]))
+            b = rooms.pop(int(sizes[i]))
             if b >= 0:
                 room[b] -= int(sizes[i])
+                rooms.push(b, room[b])
                 bo.append(b)
                 fill.append(i)
                 est.append(e)
@@ -89,7 +120,7 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
     bcost = [0.0] * nb
     for t in placed:
         bcost[bo[t]] += costs[items[t]]
-    rank = balanced_equal(bcost, dp).tolist()
+    rank = bins_to_ranks(bcost, dp)
     r_lpt, r_new = [0.0] * dp, [0.0] * dp
     for k, b in zip(lpt_placed, lpt_b_of):
         r_lpt[b // m] += costs[cand[k]]
