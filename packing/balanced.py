@@ -12,6 +12,7 @@ import numpy as np
 
 from ._jit import kernel
 from .balanced_fill import _take_ahead, _token_first
+from .binpack import BFD_MAX_CAPACITY
 from .balanced_pool import _compact_pool, _grow, _grow_bool, _grow_float, _grow_pool, _pool_add
 from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
                             _with_fresh)
@@ -395,8 +396,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         if tail_break:
             break
         # whole-rank units and a token budget: a step LPT left with holes is packed for tokens
-        # first when that holds more at a lower time per token (packing.balanced_fill)
-        if rank_units and topup and dp > 1:
+        # first when that holds more at no worse balance (packing.balanced_fill; its best fit
+        # keeps a count tree over rooms 0..capacity, so capacities above 4M tokens keep LPT's)
+        if rank_units and topup and dp > 1 and capacity <= BFD_MAX_CAPACITY:
             tok = np.int64(0)  # typed: a literal start compiles the callee for Literal[int]
             for b in range(n_bins):
                 tok += bin_tokens[b]

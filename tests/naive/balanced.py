@@ -314,7 +314,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             now = np.concatenate([now, np.zeros(rd.shape[0], bool)])
         if to_tail:
             break  # the tail takes what is left
-        if rank_units and topup and dp > 1 and hole * 400 > dp * m * capacity:
+        if (rank_units and topup and dp > 1 and capacity <= 1 << 22
+                and hole * 400 > dp * m * capacity):
             placed, b_of, rest = lpt_bins(cand, sizes, costs, dp, m, capacity, rank_units)
             untaken = ~is_lump[pos:] & ~taken[pos:]
             read_ahead = (max_advance > 0 and pos < n and int(w[pos:][untaken].sum())

@@ -252,3 +252,18 @@ def test_token_first_steps_equal_the_reference(adv, scale):
     cpt = naive_balanced.reference_cost_per_token(sizes, costs)
     light = (costs - sizes * cpt) <= 0.02 * 2 * cap * cpt
     assert (a.entry_delay[light[a.entry_item]] < 0).sum() > 50  # light items were read ahead
+
+
+def test_token_first_steps_leave_huge_capacities_to_lpt():
+    # The token-first step's best fit keeps a count tree over rooms 0..capacity; above
+    # binpack.BFD_MAX_CAPACITY (4M tokens) that would be gigabytes a step, so those steps keep
+    # LPT's packing (found by review: a 2^30-token capacity asked for an 8 GiB tree).
+    rng = np.random.default_rng(5)
+    cap = 1 << 30
+    sizes = rng.integers(1, cap + 1, 120).astype(np.int64)
+    costs = 3 * (sizes + sizes.astype(float) ** 2 / cap)
+    kw = dict(rank_units=True, max_advance=4, tail="carry")
+    a = plan_balanced(sizes, costs, 2, 2, cap, 2 * 2 * cap, 4, **kw)
+    b = naive_balanced.plan_balanced(sizes, costs, 2, 2, cap, 2 * 2 * cap, 4, **kw)
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
