@@ -20,12 +20,14 @@ first and balances cost afterwards:
    microbatches' worth of long items is left over (taking short items from the stream's
    future makes its long items come faster; this keeps their queue, and so their delay, short)
    nor within ``max_delay + max_advance + 1`` steps of light weight of the stream's end;
-3. the microbatches go to ranks by the balanced equal-count partition of their costs
-   (:func:`packing.balanced_step._rank_of_bins`), then the rank exchange pass runs as for LPT.
+3. the microbatches go to ranks by the better of the LPT and Karmarkar-Karp equal-count
+   partitions of their costs, each refined by a few swaps (:func:`_bins_to_ranks`), then the
+   rank exchange pass runs as for LPT.
 
-The step keeps it when it holds more tokens than LPT's at a lower time per token (costliest
-rank over tokens); otherwise LPT's packing stands and nothing is read ahead. The plain version,
-step for step the same, is in ``tests/naive/balanced.py``.
+The step keeps it when it holds more tokens than LPT's with its costliest rank no further above
+the mean rank than LPT's; otherwise LPT's packing stands and nothing is read ahead. Capacities
+above ``binpack.BFD_MAX_CAPACITY`` never try it (the best fit's tree has a slot per room). The
+plain version, step for step the same, is in ``tests/naive/balanced.py``.
 """
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ import numpy as np
 from ._jit import kernel
 from .balanced_pool import _grow_pool, _pool_add
 from .balanced_step import _fill_empty_bins
-from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 from .binpack import _first_at_or_after, _tree_add
+from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 
 #: the step's holes are filled from at most this many light items read ahead (per microbatch,
 #: plus a constant): the best fit for a hole is among the next few hundred items
