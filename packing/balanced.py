@@ -407,7 +407,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                               > (max_delay + max_advance + 1) * budget)
                 adopt, bo, bt, bn, fi, fe = _token_first(
                     items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos,
-                    max(budget, 1), max_advance, read_ahead, dp, m, capacity, step, bin_of, tok)
+                    max(budget, 1), max_advance, read_ahead, dp, m, capacity, bin_of, tok)
                 if adopt:
                     for a in range(fi.shape[0]):
                         ahead_w += w[fi[a]]

@@ -80,6 +80,19 @@ def _rooms_pop(tree, head, nxt, p, s):
 
 
 @kernel
+def _place(tree, head, nxt, p, s, bin_tokens, bin_count):
+    """An item of ``s`` tokens into the fullest bin with room (its room updated in the
+    structure, its tokens and count in ``bin_tokens``/``bin_count``): that bin, or -1."""
+    b, r = _rooms_pop(tree, head, nxt, p, s)
+    if b >= 0:
+        if r > s:
+            _rooms_push(tree, head, nxt, p, b, r - s)
+        bin_tokens[b] += s
+        bin_count[b] += 1
+    return b
+
+
+@kernel
 def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_tokens,
               bin_count):
     """Token-first packing of one step's candidates ``items`` (``cls``: 0 at the deadline,
@@ -107,13 +120,8 @@ def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_
     for q in range(nc):
         t = o[q]
         s = sizes[items[t]]
-        b, r = _rooms_pop(tree, head, nxt, p, s)
-        bin_of[t] = b
-        if b >= 0:
-            if r > s:
-                _rooms_push(tree, head, nxt, p, b, r - s)
-            bin_tokens[b] += s
-            bin_count[b] += 1
+        bin_of[t] = _place(tree, head, nxt, p, s, bin_tokens, bin_count)
+        if bin_of[t] >= 0:
             placed += s
     return placed
 
@@ -159,13 +167,8 @@ def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity,
     na = 0
     for j in range(nc):
         t = o[j]
-        s = sizes[cand[t]]
-        b, r = _rooms_pop(tree, head, nxt, p, s)
+        b = _place(tree, head, nxt, p, sizes[cand[t]], bin_tokens, bin_count)
         if b >= 0:
-            if r > s:
-                _rooms_push(tree, head, nxt, p, b, r - s)
-            bin_tokens[b] += s
-            bin_count[b] += 1
             out_item[na] = cand[t]
             out_est[na] = cest[t]
             out_bin[na] = b
@@ -193,7 +196,7 @@ def _bins_to_ranks(bcost, dp, rank):
 
 @kernel
 def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos, budget,
-                 max_advance, read_ahead, dp, m, capacity, step, bin_of, lpt_tokens):
+                 max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens):
     """The token-first packing of a step whose LPT packing (``bin_of``: bin of ``items[t]``,
     -1 not placed; ``lpt_tokens`` its tokens) left holes. ``items``/``order``/``ocls``: the
     step's candidates, their pool slots and priority classes; ``read_ahead``: whether the holes
