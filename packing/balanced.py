@@ -21,6 +21,16 @@ from .rank_swap import SWAP_TOL, _rank_swaps
 from .steppack import _pack_step, _priority_order
 
 _CHUNK = 1024  # pool slots made room for at once by the intake
+#: Long items (more than half a microbatch: no two share one) a step's intake reads at most, in
+#: steps' worth of microbatches: with the pool holding one long item per microbatch, reading on
+#: only makes long items wait. The token budget alone let them queue without bound where they
+#: arrive faster than one a microbatch (half of the documents 0.6-1.0 of a microbatch: delays
+#: of 900+ steps) and, where they arrive about as fast (uniform lengths up to the capacity),
+#: kept the token-first step from reading ahead.
+LONG_READ_STEPS = 1
+#: ... and the top-up after the step is packed (it reads for the step's holes; the long items
+#: that come with those light ones wait at most a step more)
+LONG_TOPUP_STEPS = 2
 
 
 @kernel
@@ -99,6 +109,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     fluid_w = 0
     while pos < n or np_ > 0:
         n_old = np_
+        nlong = _count_long(pool, np_, sizes, capacity)
         fluid_w_old = fluid_w
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
@@ -209,19 +220,23 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 k = ls[q]
                 if now[k] or step - parr[k] >= max_delay:
                     emit_w += w[pool[k]]
-            if emit_w < budget and pos < n and it < 3:
-                # read fresh items until their light weight covers the shortfall
+            if emit_w < budget and pos < n and it < 3 and nlong < LONG_READ_STEPS * n_bins:
+                # read fresh items until their light weight covers the shortfall, or until the
+                # pool holds a long item for every microbatch
                 need = budget - emit_w
                 got = 0
-                while pos < n and got < need:
+                while pos < n and got < need and nlong < LONG_READ_STEPS * n_bins:
                     # room for a chunk at a time: growing (re-binding the arrays) inside the
                     # per-item loop made this loop ten times slower
                     lim = np_ + _CHUNK
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
                     # ``now`` of a new lump is set by the next round's schedule before any read
+                    np0 = np_
                     pos, np_, nls, g, gt = _read_until(sizes, costs, w, taken, cpt, thr, pos,
                                                        need - got, np_, lim, nls, step, pool,
-                                                       parr, now, ls)
+                                                       parr, now, ls, capacity,
+                                                       LONG_READ_STEPS * n_bins - nlong)
+                    nlong += _count_long(pool[np0:], np_ - np0, sizes, capacity)
                     got += g + gt  # items read ahead count as read: the stream's weight
                     pos_cum += g + gt
                     ahead_w -= gt
@@ -376,7 +391,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 break
             n1 = np_
             got = 0
-            while pos < n and got < hole:
+            nlong = _count_long(pool, np_, sizes, capacity)
+            while pos < n and got < hole and nlong < LONG_TOPUP_STEPS * n_bins:
                 if max_advance > 0 and taken[pos]:
                     if not (costs[pos] - sizes[pos] * cpt > thr):  # read ahead: counted now
                         pos_cum += w[pos]
@@ -387,6 +403,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                 lump = (costs[pos] - sizes[pos] * cpt > thr)
                 nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, np.bool_(False), lump)
+                if 2 * sizes[pos] > capacity:
+                    nlong += 1
                 if not lump:
                     got += w[pos]
                     pos_cum += w[pos]
@@ -446,10 +464,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
 
 @kernel
 def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step, pool, parr,
-                now, ls):
+                now, ls, capacity, long_room):
     """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room)
-    until the light weight passed reaches ``need``, skipping items ``taken`` (read ahead; empty
-    array: none; a light one's weight counts as passed); arrival ``step``, not going now.
+    until the light weight passed reaches ``need`` or ``long_room`` items longer than half the
+    ``capacity`` were read, skipping items ``taken`` (read ahead; empty array: none; a light
+    one's weight counts as passed); arrival ``step``, not going now.
     Returns (pos, np_, nls, light weight read, light weight of the taken items skipped)."""
     n = sizes.shape[0]
     got = 0
@@ -472,4 +491,18 @@ def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step
             got += w[pos]
         np_ += 1
         pos += 1
+        if 2 * sizes[pos - 1] > capacity:
+            long_room -= 1
+            if long_room <= 0:
+                break
     return pos, np_, nls, got, skipped
+
+
+@kernel
+def _count_long(pool, np_, sizes, capacity):
+    """How many of the items in pool slots ``0..np_-1`` are longer than half ``capacity``."""
+    c = 0
+    for k in range(np_):
+        if 2 * sizes[pool[k]] > capacity:
+            c += 1
+    return c

@@ -16,10 +16,11 @@ first and balances cost afterwards:
 2. the holes left are filled with light items read ahead of their turn (:func:`_ahead`):
    the stream's next light items, within ``max_advance`` steps of light weight, best fit
    largest first; each is marked taken (the stream skips it later) and its delay is minus the
-   steps it was read early, as for look-ahead lumps. Not while a third of the step's
-   microbatches' worth of long items is left over (taking short items from the stream's
-   future makes its long items come faster; this keeps their queue, and so their delay, short)
-   nor within ``max_delay + max_advance + 1`` steps of light weight of the stream's end;
+   steps it was read early, as for look-ahead lumps. Taking short items from the stream's
+   future makes its long items come faster; the intake keeps their queue, and so their delay,
+   short (it reads no further once the pool holds a long item for every microbatch:
+   ``packing.balanced.LONG_READ_STEPS``). Not within ``max_delay + max_advance + 1`` steps of
+   light weight of the stream's end (the long items left there would have no short ones);
 3. the microbatches go to ranks by the better of the LPT and Karmarkar-Karp equal-count
    partitions of their costs, each refined by a few swaps (:func:`_bins_to_ranks`), then the
    rank exchange pass runs as for LPT.
@@ -43,9 +44,6 @@ from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 #: plus a constant): the best fit for a hole is among the next few hundred items
 AHEAD_PER_BIN = 16
 AHEAD_BASE = 256
-#: long items left over by the best fit, in microbatches per long item, above which nothing is
-#: read ahead (1/3 of the step's microbatches)
-BACKLOG_SHARE = 3
 #: swap rounds refining the microbatches' split over ranks (the exchange pass follows; the full
 #: 4 dp + 16 rounds cost O(bins dp^2) a step: 12 ms at 256 ranks x 4)
 REFINE_ROUNDS = 8
@@ -222,16 +220,10 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     head = np.full(capacity + 1, -1, dtype=np.int64)
     nxt = np.empty(n_bins, dtype=np.int64)
     tok = _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bo[:nc], bt, bn)
-    # long items left over: a third of the microbatches' worth or more, nothing is read ahead
-    left = 0
-    for t in range(nc):
-        if bo[t] < 0 and 2 * sizes[items[t]] > capacity:
-            left += 1
     fi = np.empty(wmax, dtype=np.int64)
     fe = np.empty(wmax, dtype=np.int64)
     na = 0
-    if read_ahead and left * BACKLOG_SHARE <= n_bins and \
-            (n_bins * capacity - tok) * 400 > n_bins * capacity:
+    if read_ahead and (n_bins * capacity - tok) * 400 > n_bins * capacity:
         na = _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, tree,
                     head, nxt, p, bt, bn, fi, fe, bo[nc:])
         for a in range(na):

@@ -54,10 +54,9 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
     """The token-first packing of a step LPT left with holes (``packing.balanced_fill``):
     best fit of the candidates ``cand`` (deadline ones largest first, then those over half the
     capacity oldest first, then the rest largest first), the holes filled from the light items
-    ahead of ``pos`` (when ``read_ahead`` and a third of the bins' worth of long items is not
-    left over), the bins to ranks by the balanced partition of their costs. Returns None (LPT's
-    packing stands) or (bins of the candidates then of the items read ahead, ranks' bins
-    consecutive; the items read ahead; their steps early)."""
+    ahead of ``pos`` (when ``read_ahead``), the bins to ranks by the balanced partition of
+    their costs. Returns None (LPT's packing stands) or (bins of the candidates then of the
+    items read ahead, ranks' bins consecutive; the items read ahead; their steps early)."""
     nb = dp * m
     nc = len(cand)
 
@@ -80,9 +79,8 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
             bo[t] = b
             room[b] -= s
             rooms.push(b, room[b])
-    left = sum(1 for t in range(nc) if bo[t] < 0 and 2 * int(sizes[cand[t]]) > capacity)
     fill, est = [], []
-    if read_ahead and left * 3 <= nb and sum(room) * 400 > nb * capacity:
+    if read_ahead and sum(room) * 400 > nb * capacity:
         maxroom = max(room)
         found, ahead, q = [], 0, pos
         while q < sizes.shape[0] and len(found) < 16 * nb + 256:
@@ -226,11 +224,14 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         pull[0], pull[1] = pull[0][keep], pull[1][keep]
         return now
 
+    is_long = 2 * sizes > capacity  # no two share a microbatch
     while pos < n or pool.shape[0]:
         # intake: read until the items emitted now (light ones, lumps scheduled now, items at
-        # their deadline) fill the budget; re-plan the lumps with what was read; give back the
-        # end of the intake (it stays unread) when lumps arriving with it overfill the step
+        # their deadline) fill the budget, or until the pool holds a long item for every
+        # microbatch (more could only wait); re-plan the lumps with what was read; give back
+        # the end of the intake (it stays unread) when lumps arriving with it overfill the step
         n_old = pool.shape[0]
+        nlong = int(is_long[pool].sum())
         for it in range(4):
             if pos < n:
                 now = schedule(pool, arr, pos)
@@ -240,11 +241,16 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             go = ~is_lump[pool] | now | (step - arr >= max_delay)
             pull_w = int(w[pull[0]].sum())  # look-ahead lumps read now take room too
             emit_w = int(w[pool[go]].sum()) + pull_w
-            if emit_w < budget and pos < n and it < 3:
+            if emit_w < budget and pos < n and it < 3 and nlong < dp * m:
                 base = cumf[pos - 1] if pos else 0
                 newpos = min(int(np.searchsorted(cumf, base + budget - emit_w, side="left")) + 1, n)
                 rd = np.arange(pos, newpos, dtype=np.int64)
                 rd = rd[~taken[rd]]
+                longs = np.flatnonzero(is_long[rd])
+                if longs.shape[0] >= dp * m - nlong:  # stop at the long item that fills them
+                    rd = rd[:longs[dp * m - nlong - 1] + 1]
+                    newpos = int(rd[-1]) + 1
+                nlong += int(is_long[rd].sum())
                 pool = np.concatenate([pool, rd])
                 arr = np.concatenate([arr, np.full(rd.shape[0], step, np.int64)])
                 pos = newpos
@@ -302,9 +308,11 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             if not topup or rnd == 1 or pos >= n or hole * 400 <= dp * m * capacity:
                 break
             rd, got = [], 0
-            while pos < n and got < hole:
+            nlong = int(is_long[pool].sum())  # at most two steps' worth of long items
+            while pos < n and got < hole and nlong < 2 * dp * m:
                 if not taken[pos]:
                     rd.append(pos)
+                    nlong += int(is_long[pos])
                     if not is_lump[pos]:
                         got += int(w[pos])
                 pos += 1

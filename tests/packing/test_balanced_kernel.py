@@ -198,6 +198,27 @@ def test_tail_with_fewer_microbatches_equals_reference(p, rank_units, pp, adv):
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
 
 
+@pytest.mark.parametrize("scale", [65536.0, 4096.0])
+@pytest.mark.parametrize("rank_units", [True, False])
+def test_long_items_faster_than_microbatches_equal_reference(rank_units, scale):
+    # half the items 0.6-1.0 of a microbatch: the intake stops once the pool holds one for every
+    # microbatch (and the top-up at two steps' worth); kernel and reference alike, every delay
+    # within the bound (before: the queue of long items grew without bound)
+    r = np.random.default_rng(11)
+    n, cap, dp, m = 3000, 4096, 4, 2
+    sizes = np.where(r.random(n) < 0.5, r.integers(int(0.6 * cap), cap + 1, n),
+                     r.integers(1, cap // 10 + 1, n)).astype(np.int64)
+    costs = sizes + sizes.astype(float) ** 2 / (scale / 16)
+    for adv in (0, 12):
+        kw = dict(rank_units=rank_units, max_advance=adv)
+        a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+        b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+        for f in a._fields:
+            assert np.array_equal(getattr(a, f), getattr(b, f)), (adv, f)
+        assert a.entry_delay.max() <= 4, adv
+        assert np.array_equal(np.sort(a.entry_item), np.arange(n))
+
+
 def test_feasible_tail_is_planned_not_refused():
     # Regression (issue 26 item 3): the last items of a stream go alone (no two share a
     # microbatch) and are fewer than the ranks; re-planning the steps before with them only

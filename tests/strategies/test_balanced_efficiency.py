@@ -95,8 +95,9 @@ CRITICAL = {
 @pytest.mark.parametrize("case", sorted(CRITICAL))
 def test_critically_loaded_steps_are_packed_for_tokens_first(case, scale):
     """LPT on cost left 3-6% of these steps empty (efficiency 0.940-0.977 where Martello-Toth's
-    L2 bound allows 0.998-0.9998); the token-first step (packing.balanced_fill) packs them to
-    within 3 points of L2 (0.970-0.991), every delay within max_delay."""
+    L2 bound allows 0.998-0.9998); the token-first step (packing.balanced_fill), with the intake
+    reading no further once a long document waits for every microbatch, packs them to within
+    1.5 points of L2 (0.984-0.994; 0.5-1.4 points), every delay within max_delay."""
     from packing.binpack import bins_lower_bound_l2
     make, lay = CRITICAL[case]
     lengths = make()
@@ -106,6 +107,38 @@ def test_critically_loaded_steps_are_packed_for_tokens_first(case, scale):
     tokens = int(plan.entry_length.sum())
     eff = tokens / ((plan.mb_offsets.shape[0] - 1) * layout.capacity)
     l2 = -(-bins_lower_bound_l2(plan.entry_length, layout.capacity) // layout.dp) * layout.dp
-    assert eff >= tokens / (l2 * layout.capacity) - 0.03, (case, eff)
+    assert eff >= tokens / (l2 * layout.capacity) - 0.015, (case, eff)
     assert plan.entry_delay.max() <= PlannerConfig().max_delay
     assert tokens == int(lengths.sum())
+
+
+def _long_half(n, seed, capacity=32768):
+    """Half the documents 0.6-1.0 of a microbatch, half 1..capacity/10: more long documents
+    arrive with a step's tokens (about 38) than the step has microbatches (32)."""
+    r = np.random.default_rng(seed)
+    return np.where(r.random(n) < 0.5, r.integers(int(0.6 * capacity), capacity + 1, n),
+                    r.integers(1, capacity // 10 + 1, n)).astype(np.int64)
+
+
+@pytest.mark.parametrize("scale", [65536, 4096])
+@pytest.mark.parametrize("seed", [2, 7])
+def test_long_documents_arriving_faster_than_microbatches_keep_the_delay_bound(seed, scale):
+    """Long documents (over half a microbatch) cannot share one. The intake read by tokens, so
+    where they come faster than one a microbatch they queued without bound: delays of 17-909
+    steps, counted in stats["delay_bound_exceeded"], and the default tail='partial' failed at
+    the end ("4 items cannot be spread over 8 DP ranks"). The intake now stops once the pool
+    holds a long document for every microbatch: every delay within the bound, every token
+    exactly once, efficiency at Martello-Toth's L2 limit (the long documents decide it) on seed
+    2 and 1.0 point below it on seed 7 (8 steps of short documents are left for the epoch's
+    end: the look-ahead reads heavy ones early)."""
+    from packing.binpack import bins_lower_bound_l2
+    lengths = _long_half(60_000, seed)
+    layout = Layout(dp=8, microbatches=4, capacity=32768)
+    plan = plan_epoch(SampleTable(lengths), CostModel.quadratic(scale), layout, PlannerConfig())
+    assert plan.entry_delay.max() <= PlannerConfig().max_delay
+    assert plan.stats["delay_bound_exceeded"] == 0
+    tokens = int(plan.entry_length.sum())
+    assert tokens == int(lengths.sum())
+    eff = tokens / ((plan.mb_offsets.shape[0] - 1) * layout.capacity)
+    l2 = -(-bins_lower_bound_l2(plan.entry_length, layout.capacity) // layout.dp) * layout.dp
+    assert eff >= tokens / (l2 * layout.capacity) - 0.012, eff
