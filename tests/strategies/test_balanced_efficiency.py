@@ -142,3 +142,18 @@ def test_long_documents_arriving_faster_than_microbatches_keep_the_delay_bound(s
     eff = tokens / ((plan.mb_offsets.shape[0] - 1) * layout.capacity)
     l2 = -(-bins_lower_bound_l2(plan.entry_length, layout.capacity) // layout.dp) * layout.dp
     assert eff >= tokens / (l2 * layout.capacity) - 0.012, eff
+
+
+@pytest.mark.parametrize("scale", [65536, 4096])
+@pytest.mark.parametrize("lay", [dict(dp=4, pp=2, microbatches=4),
+                                 dict(dp=8, cp=2, microbatches=4)],
+                         ids=["4dp-2pp-microbatch-units", "8dp-2cp"])
+def test_long_documents_keep_the_delay_bound_in_other_layouts(lay, scale):
+    """The same cap holds with microbatch units (pp > 1) and under CP (sizes padded): on 20K
+    documents, half long, these failed at the tail ("2 items cannot be spread over 4 DP ranks")
+    or waited up to 281 steps."""
+    lengths = _long_half(20_000, 3)
+    plan = plan_epoch(SampleTable(lengths), CostModel.quadratic(scale),
+                      Layout(capacity=32768, **lay), PlannerConfig())
+    assert plan.entry_delay.max() <= PlannerConfig().max_delay
+    assert int(plan.entry_length.sum()) == int(lengths.sum())
