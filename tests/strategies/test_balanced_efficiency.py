@@ -130,7 +130,8 @@ def test_long_documents_arriving_faster_than_microbatches_keep_the_delay_bound(s
     holds a long document for every microbatch: every delay within the bound, every token
     exactly once, efficiency at Martello-Toth's L2 limit (the long documents decide it) on seed
     2 and 1.0 point below it on seed 7 (8 steps of short documents are left for the epoch's
-    end: the look-ahead reads heavy ones early)."""
+    end: no step reads ahead in the stream's last max_delay + max_advance + 1 steps' worth of
+    light weight, far more than 17 steps of this stream)."""
     from packing.binpack import bins_lower_bound_l2
     lengths = _long_half(60_000, seed)
     layout = Layout(dp=8, microbatches=4, capacity=32768)
