@@ -231,12 +231,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     lim = np_ + _CHUNK
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
                     # ``now`` of a new lump is set by the next round's schedule before any read
-                    np0 = np_
-                    pos, np_, nls, g, gt = _read_until(sizes, costs, w, taken, cpt, thr, pos,
-                                                       need - got, np_, lim, nls, step, pool,
-                                                       parr, now, ls, capacity,
-                                                       LONG_READ_STEPS * n_bins - nlong)
-                    nlong += _count_long(pool[np0:], np_ - np0, sizes, capacity)
+                    pos, np_, nls, g, gt, gl = _read_until(sizes, costs, w, taken, cpt, thr,
+                                                           pos, need - got, np_, lim, nls, step,
+                                                           pool, parr, now, ls, capacity,
+                                                           LONG_READ_STEPS * n_bins - nlong)
+                    nlong += gl
                     got += g + gt  # items read ahead count as read: the stream's weight
                     pos_cum += g + gt
                     ahead_w -= gt
@@ -469,10 +468,12 @@ def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step
     until the light weight passed reaches ``need`` or ``long_room`` items longer than half the
     ``capacity`` were read, skipping items ``taken`` (read ahead; empty array: none; a light
     one's weight counts as passed); arrival ``step``, not going now.
-    Returns (pos, np_, nls, light weight read, light weight of the taken items skipped)."""
+    Returns (pos, np_, nls, light weight read, light weight of the taken items skipped, long
+    items read)."""
     n = sizes.shape[0]
     got = 0
     skipped = 0
+    longs = 0
     adv = taken.shape[0] > 0
     while pos < n and got + skipped < need and np_ < lim:
         lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
@@ -492,10 +493,10 @@ def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step
         np_ += 1
         pos += 1
         if 2 * sizes[pos - 1] > capacity:
-            long_room -= 1
-            if long_room <= 0:
+            longs += 1
+            if longs >= long_room:
                 break
-    return pos, np_, nls, got, skipped
+    return pos, np_, nls, got, skipped, longs
 
 
 @kernel
