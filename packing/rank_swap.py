@@ -39,12 +39,19 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
     ``-1`` not placed; rank r holds bins ``r*m..r*m+m-1``), updating ``bin_of``, ``bin_tokens``
     and ``bin_count``. Returns the number of exchanges made."""
     nc = items.shape[0]
+    # the items' sizes and costs in step order: every exchange looks at them many times, and
+    # reading them through ``items`` from the epoch-long arrays missed the cache each time
+    isz = np.empty(nc, dtype=np.int64)
+    ics = np.empty(nc)
+    for t in range(nc):
+        isz[t] = sizes[items[t]]
+        ics[t] = costs[items[t]]
     uc = np.zeros(dp)
     cnt = np.zeros(dp, dtype=np.int64)
     top = 0.0
     for t in range(nc):
         if bin_of[t] >= 0:
-            c = costs[items[t]]
+            c = ics[t]
             uc[bin_of[t] // m] += c
             cnt[bin_of[t] // m] += 1
             if c > top:
@@ -82,7 +89,7 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
         ta_top = np.empty(ka, dtype=np.int64)
         uac = np.empty(ua.shape[0])
         for q in range(ua.shape[0]):
-            uac[q] = -costs[items[ua[q]]]
+            uac[q] = -ics[ua[q]]
         oa = np.argsort(uac, kind="mergesort")  # by cost descending, then item order
         for q in range(ka):
             ta_top[q] = ua[oa[q]]
@@ -99,15 +106,15 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
             cv = uc[V]
             if cv >= cu:
                 break
-            kind, ba, bb, bcx, bbin, bd = _best_exchange(items, sizes, costs, bin_of,
-                                                         bin_tokens, bin_count, m, capacity,
-                                                         ul, off, fill, ua, ta_top, V, cu, cv)
+            kind, ba, bb, bcx, bbin, bd = _best_exchange(isz, ics, bin_of, bin_tokens,
+                                                         bin_count, m, capacity, ul, off, fill,
+                                                         ua, ta_top, V, cu, cv)
             if kind >= 0:
                 break
         if kind < 0:
             break
         A = bin_of[ba]
-        sa = sizes[items[ba]]
+        sa = isz[ba]
         if kind == 0:
             B = bbin
             bin_of[ba] = B
@@ -117,13 +124,13 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
             bin_count[B] += 1
         else:
             B = bin_of[bb]
-            sb = sizes[items[bb]]
+            sb = isz[bb]
             bin_of[ba] = B
             bin_of[bb] = A
             bin_tokens[A] += sb - sa
             bin_tokens[B] += sa - sb
             if kind == 2:
-                sc = sizes[items[bcx]]
+                sc = isz[bcx]
                 bin_of[bcx] = A
                 bin_tokens[A] += sc
                 bin_tokens[B] -= sc
@@ -142,10 +149,11 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
 
 
 @kernel
-def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capacity, ul, off,
-                   fill, ua, ta_top, V, cu, cv):
+def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off, fill, ua,
+                   ta_top, V, cu, cv):
     """The best exchange between rank U (cost ``cu``; ``ua`` its items in item order, ``ta_top``
-    its ``_TOP`` costliest by (cost descending, item order)) and rank V (``cv``): returns
+    its ``_TOP`` costliest by (cost descending, item order)) and rank V (``cv``), items t of
+    the step sized ``isz[t]`` and costing ``ics[t]``: returns
     (kind: -1 none, 0 move, 1 swap, 2 two-for-one; a, b, c, the bin a moves to, the cost
     moved)."""
     gap = cu - cv
@@ -153,7 +161,7 @@ def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capaci
     nv = vt_t.shape[0]
     vc_t = np.empty(nv)
     for q in range(nv):
-        vc_t[q] = costs[items[vt_t[q]]]
+        vc_t[q] = ics[vt_t[q]]
     o = np.argsort(vc_t, kind="mergesort")             # V's items by (cost, item order)
     vt = vt_t[o]
     vc = vc_t[o]
@@ -167,8 +175,8 @@ def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capaci
     # moves: a of U into a bin of V with room (a's bin keeps an item)
     for ta in ua:
         A = bin_of[ta]
-        sa = sizes[items[ta]]
-        ca = costs[items[ta]]
+        sa = isz[ta]
+        ca = ics[ta]
         if bin_count[A] < 2 or ca >= gap:
             continue
         for B in range(V * m, V * m + m):
@@ -185,8 +193,8 @@ def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capaci
     # swaps: a of U for b of V, ca - gap < cb < ca
     for ta in ua:
         A = bin_of[ta]
-        sa = sizes[items[ta]]
-        ca = costs[items[ta]]
+        sa = isz[ta]
+        ca = ics[ta]
         room_a = capacity - bin_tokens[A] + sa  # A's room once a leaves
         lo = 0
         hi = nv
@@ -202,7 +210,7 @@ def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capaci
                 break
             tb = vt[q]
             B = bin_of[tb]
-            sb = sizes[items[tb]]
+            sb = isz[tb]
             if sb <= room_a and sa <= capacity - bin_tokens[B] + sb:
                 d = ca - cb
                 nm = cu - d
@@ -219,22 +227,22 @@ def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capaci
     kb = nv if nv < _TOP else _TOP
     tb_top = np.empty(kb, dtype=np.int64)
     for q in range(nv):
-        vc_t[q] = -costs[items[vt_t[q]]]
+        vc_t[q] = -ics[vt_t[q]]
     ob = np.argsort(vc_t, kind="mergesort")
     for q in range(kb):
         tb_top[q] = vt_t[ob[q]]
     for ta in ta_top:
         A = bin_of[ta]
-        sa = sizes[items[ta]]
-        ca = costs[items[ta]]
+        sa = isz[ta]
+        ca = ics[ta]
         room_a = capacity - bin_tokens[A] + sa
         for tb in tb_top:
-            cb = costs[items[tb]]
+            cb = ics[tb]
             if cb >= ca or ca - cb <= cu - best:
                 # (no c can make this the best: d <= ca - cb, costs are not negative)
                 continue
             B = bin_of[tb]
-            sb = sizes[items[tb]]
+            sb = isz[tb]
             lo_c = sa - (capacity - bin_tokens[B] + sb)
             if lo_c < 1:
                 lo_c = 1
@@ -244,10 +252,10 @@ def _best_exchange(items, sizes, costs, bin_of, bin_tokens, bin_count, m, capaci
             for tc in vt:  # c of bin B by (cost, item order)
                 if tc == tb or bin_of[tc] != B:
                     continue
-                sc = sizes[items[tc]]
+                sc = isz[tc]
                 if sc < lo_c or sc > hi_c:
                     continue
-                d = (ca - cb) - costs[items[tc]]
+                d = (ca - cb) - ics[tc]
                 if d <= 0.0:
                     continue
                 nm = cu - d

@@ -70,12 +70,11 @@ class PassCost(NoBoolNumbers):
                                             "per document in per-document attention kernels)")
 
     def doc(self, lengths: np.ndarray) -> np.ndarray:
-        lf = lengths.astype(np.float64)
-        with np.errstate(over="ignore"):  # an overflow is reported by CostModel.doc_costs
-            out = self.a * lf * lf + self.b * lf
-        if self.d:
-            out += self.d
-        return out
+        """float64[n] cost of every document (int64[n] lengths): ``a * L^2 + b * L + d``,
+        compiled (packing.doc_cost); an overflow gives inf, reported by
+        CostModel.doc_costs."""
+        from packing.doc_cost import pass_costs  # numba on first use, not at import
+        return pass_costs(lengths, self.a, self.b, self.d)
 
 
 def _part(pc: PassCost, keep: str, lengths: np.ndarray) -> np.ndarray:

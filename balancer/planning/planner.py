@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from packing.gather import take3
+
 from ..config import Layout, PlannerConfig, check_budget, check_fixed_mode, step_budget
 from ..cost.blocks import doc_totals, microbatch_costs
 from ..cost.model import CostModel
@@ -66,10 +68,14 @@ def build_plan(samples: SampleTable, cost: CostModel, layout: Layout, config: Pl
     e = sp.entry_item
     left = sp.leftover
     leftover = Items(items.sample[left], items.start[left], items.length[left])
-    # np.take: the same arrays as fancy indexing, faster
-    entry_sample = np.take(items.sample, e)
-    entry_start = zeros_view(e.shape[0]) if items.start.strides == (0,) else np.take(items.start, e)
-    entry_length = np.take(items.length, e)
+    if items.start.strides == (0,):  # nothing chunked: every start is 0
+        # np.take: the same arrays as fancy indexing, faster
+        entry_sample = np.take(items.sample, e)
+        entry_start = zeros_view(e.shape[0])
+        entry_length = np.take(items.length, e)
+    else:
+        entry_sample, entry_start, entry_length = take3(e, items.sample, items.start,
+                                                        items.length)
     stream.items = items = None
     del e
     mb_fwd, mb_bwd = microbatch_costs(cost, entry_length, sp.mb_offsets)

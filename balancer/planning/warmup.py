@@ -29,6 +29,8 @@ def _packing_kernels() -> None:
     from packing.binpack import best_fit_decreasing, first_fit_decreasing, next_fit
     from packing.chunking import expand_pieces
     from packing.delay import schedule_lumps
+    from packing.doc_cost import pass_costs
+    from packing.gather import take3
     from packing.partition import balanced_equal, kk, kk_equal, lpt_equal
     from packing.pipeline import rank_step_times
     from packing.steppack import pack_step
@@ -43,6 +45,8 @@ def _packing_kernels() -> None:
     pack_step(np.arange(4), sizes, costs, 2, 1, 4)
     schedule_lumps(costs, sizes, np.zeros(4, np.int64), np.ones(4, np.int64), 2, 2, 4, 1.0)
     expand_pieces(np.arange(4), sizes, 2)
+    take3(np.arange(4), sizes, sizes, sizes)  # a chunked plan's entries
+    pass_costs(sizes, 1.0, 1.0, 1.0)
     rank_step_times(costs, costs, np.array([2, 2]), 1, 2)
     from .order import block_order
     block_order(5000, 0, 0, np.arange(5000, dtype=np.int64))  # PlannerConfig.order='blocks'

@@ -8,21 +8,27 @@ from packing.steppack import pack_step
 from tests.naive.steps import rank_swaps as naive_rank_swaps
 
 
-def _packed(seed):
+def _packed(seed, kind="quadratic"):
     rng = np.random.default_rng(seed)
     dp, m, cap = int(rng.integers(2, 6)), int(rng.integers(1, 5)), int(rng.choice([256, 1000, 4096]))
     n = int(rng.integers(dp * m, 40 * dp * m))
     sizes = np.where(rng.random(n) < 0.15, rng.integers(cap // 8, cap + 1, n),
                      rng.integers(1, max(2, cap // 16), n)).astype(np.int64)
     costs = sizes + sizes.astype(float) ** 2 / 4096
+    if kind == "ties":  # few distinct sizes and costs: many exchanges of equal result
+        sizes = (rng.integers(1, 5, n) * max(1, cap // 16)).astype(np.int64)
+        costs = rng.integers(1, 4, n) * 0.1 + sizes * 1e-3
+    elif kind == "unrelated":  # costs that do not follow the sizes (media, per-sample extras)
+        costs = rng.random(n) * cap
     order = np.argsort(-costs, kind="stable").astype(np.int64)
     bin_of, tokens, _, count = pack_step(order, sizes, costs, dp, m, cap)
     return order, sizes, costs, bin_of, tokens, count, dp, m, cap
 
 
+@pytest.mark.parametrize("kind", ["quadratic", "ties", "unrelated"])
 @pytest.mark.parametrize("seed", range(40))
-def test_rank_swaps_equal_reference_and_keep_the_rules(seed):
-    order, sizes, costs, bin_of, tokens, count, dp, m, cap = _packed(seed)
+def test_rank_swaps_equal_reference_and_keep_the_rules(seed, kind):
+    order, sizes, costs, bin_of, tokens, count, dp, m, cap = _packed(seed, kind)
     if (count == 0).any():
         pytest.skip("a microbatch left empty: the pass runs after they are filled")
     placed = np.flatnonzero(bin_of >= 0)
@@ -40,12 +46,13 @@ def test_rank_swaps_equal_reference_and_keep_the_rules(seed):
 
 def test_the_pass_exchanges_on_these_steps():
     # the equality above is not vacuous: exchanges are made on some of its steps
-    made = 0
-    for seed in range(40):
-        order, sizes, costs, bin_of, tokens, count, dp, m, cap = _packed(seed)
-        if not (count == 0).any():
-            made += rank_swaps(order, sizes, costs, bin_of, tokens, count, dp, m, cap)
-    assert made > 0
+    for kind in ("quadratic", "ties", "unrelated"):
+        made = 0
+        for seed in range(40):
+            order, sizes, costs, bin_of, tokens, count, dp, m, cap = _packed(seed, kind)
+            if not (count == 0).any():
+                made += rank_swaps(order, sizes, costs, bin_of, tokens, count, dp, m, cap)
+        assert made > 0, kind
 
 
 def test_a_costlier_rank_takes_the_exchange_the_cheapest_has_none_for():
