@@ -448,6 +448,8 @@ def step_capacity_bound(lengths, costs, dp: int, rank_tokens: int, rank_constant
     largest of
 
     * total / dp and the costliest document (the simple bound);
+    * for every k, the k + 1 cheapest of the k * dp + 1 costliest documents (some rank holds
+      k + 1 of them);
     * for every document i: ``c_i + fill(need - L_i)`` (the rank holding i);
     * for the ``top`` (default dp + 1) costliest documents, of which some rank holds two:
       the least over their pairs of ``c_a + c_b + fill(need - L_a - L_b)``;
@@ -460,6 +462,13 @@ def step_capacity_bound(lengths, costs, dp: int, rank_tokens: int, rank_constant
     if n == 0:
         return float(rank_constant)
     best = max(c.sum() / dp, c.max())
+    # pigeonhole: of the k * dp + 1 costliest documents some rank holds k + 1, so it costs at
+    # least the k + 1 cheapest of them (k = 1 is the pair term below, without the fill); where
+    # a step holds a few more large documents than ranks, this is what forces it above total / dp
+    cs = np.concatenate([[0.0], np.cumsum(np.sort(c)[::-1])])
+    ks = np.arange(1, (n - 1) // dp + 1)
+    if ks.size:
+        best = max(best, float((cs[ks * dp + 1] - cs[ks * dp - ks]).max()))
     need = L.sum() - (dp - 1) * float(rank_tokens)
     if need > 0:
         o = np.lexsort((np.arange(n), c / np.maximum(L, 1.0)))   # cheapest tokens first

@@ -57,6 +57,22 @@ def test_token_full_ranks_raise_the_bound():
     assert step_capacity_bound(L, c, 2, 100) == pytest.approx(51.0)   # ranks not token-full
 
 
+def test_more_documents_than_ranks_raise_the_bound():
+    # five equal documents on two ranks: one rank holds three of them, 30, where total / dp is
+    # 25 and a pair 20 (the pigeonhole bound: of the k * dp + 1 costliest documents a rank
+    # holds k + 1, so it costs at least the k + 1 cheapest of them)
+    L = np.ones(5, dtype=np.int64)
+    c = np.full(5, 10.0)
+    assert _best(L, c, 2, 100) == pytest.approx(30.0)
+    assert step_capacity_bound(L, c, 2, 100) == pytest.approx(30.0)
+    # seven documents on three ranks, costs 9 8 7 6 5 4 3: some rank holds three of the top
+    # seven, at least 5 + 4 + 3 = 12 (total / dp = 14 binds here); with 2 ranks, three of the
+    # top five: 7 + 6 + 5 = 18 < total / dp = 21; on 4 ranks 1 + 1 + 1 of 9 equal ones: 3
+    c = np.array([9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0])
+    assert step_capacity_bound(np.ones(7, dtype=np.int64), c, 3, 100) == pytest.approx(14.0)
+    assert step_capacity_bound(np.ones(9, dtype=np.int64), np.ones(9), 4, 100) == pytest.approx(3.0)
+
+
 def test_no_plan_beats_the_bound():
     L = workloads.load("pareto", n=20_000, seed=3)
     cost = CostModel.quadratic(4096)
