@@ -183,8 +183,19 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
     """Emit the items left when the stream is exhausted; every rank keeps the same number of
     microbatches, only as many as the items need (:func:`_pack_fewest`). Fewer items than DP
     ranks are merged into the previous step (tail='partial') or returned as leftover ('carry',
-    'drop')."""
+    'drop').
+
+    Two counts go with every item: ``pool_delay``, its priority (the oldest first; it goes up
+    by one each round it is held), and its arrival step, from which the delay it is recorded
+    with is counted: the step it goes in minus its arrival. A re-planned step takes the tail
+    back to an earlier step, so a round is not always a step waited (counting rounds recorded
+    delays of 5-7 for documents that waited at most 4 steps)."""
     guard = 0
+    arr = len(builder.step_mbs) - pool_delay.astype(np.int64)  # arrival steps
+
+    def emit(out, counts, item_arr):
+        builder.emit(out, counts, (len(builder.step_mbs) - item_arr).astype(np.int32))
+
     while pool.shape[0]:
         mm = min(m, pool.shape[0] // dp)
         if mm == 0:
@@ -194,7 +205,8 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                 # the steps around cannot be re-planned into whole steps (the items near the
                 # end go alone, an odd count of them): put the few left into microbatches of
                 # the emitted steps that have room (issue 26 item 3; this raised before)
-                if _place_in_room(builder, pool, pool_delay, sizes, costs, capacity, rank_units):
+                true_delay = (len(builder.step_mbs) - arr).astype(np.int32)
+                if _place_in_room(builder, pool, true_delay, sizes, costs, capacity, rank_units):
                     return np.zeros(0, np.int64)
                 raise ValueError(
                     f"{pool.shape[0]} items cannot be spread over {dp} DP ranks: every rank "
@@ -210,17 +222,18 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                 prev, prev_delay = builder.pop()
                 pool = np.concatenate([prev, pool])
                 pool_delay = np.concatenate([prev_delay, pool_delay])
+                arr = np.concatenate([len(builder.step_mbs) - prev_delay.astype(np.int64), arr])
                 order = np.lexsort((-costs[pool], -pool_delay))
-                pool, pool_delay = pool[order], pool_delay[order]
+                pool, pool_delay, arr = pool[order], pool_delay[order], arr[order]
                 out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
                                                      rank_units, balance, pp)
                 if rest.shape[0] == 0:
-                    builder.emit(out, counts, pool_delay[idx])
+                    emit(out, counts, arr[idx])
                     return np.zeros(0, np.int64)
                 cheap = np.argsort(costs[pool], kind="stable")[:dp]
                 keep = np.ones(pool.shape[0], bool)
                 keep[cheap] = False
-                body, body_delay = pool[keep], pool_delay[keep]
+                body, body_delay, body_arr = pool[keep], pool_delay[keep], arr[keep]
                 m1 = min(prev_m, body.shape[0] // dp)
                 if m1 > 0 or not builder.step_mbs:
                     break
@@ -230,16 +243,17 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                     f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
             out, counts, idx, rest = _pack_exact(body, sizes, costs, dp, m1, capacity,
                                                  rank_units, balance, pp)
-            builder.emit(out, counts, body_delay[idx])
+            emit(out, counts, body_arr[idx])
             pool = np.concatenate([body[rest], pool[~keep]])
             pool_delay = np.concatenate([body_delay[rest], pool_delay[~keep]]) + 1
+            arr = np.concatenate([body_arr[rest], arr[~keep]])
             continue
         order = np.lexsort((-costs[pool], -pool_delay))
-        pool, pool_delay = pool[order], pool_delay[order]
+        pool, pool_delay, arr = pool[order], pool_delay[order], arr[order]
         _, out, counts, idx, rest = _pack_fewest(pool, sizes, costs, dp, mm, capacity,
                                                  rank_units, balance, pp)
-        builder.emit(out, counts, pool_delay[idx])
-        pool, pool_delay = pool[rest], pool_delay[rest] + 1
+        emit(out, counts, arr[idx])
+        pool, pool_delay, arr = pool[rest], pool_delay[rest] + 1, arr[rest]
     return np.zeros(0, np.int64)
 
 

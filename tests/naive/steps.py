@@ -427,9 +427,18 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
     """The items left when the stream is read: steps of the fewest microbatches per rank they
     need (at most m); fewer items than ranks either re-plan the previous step with them (all in
     it if they fit, else the dp cheapest held back for one more step of one microbatch per rank)
-    with tail='partial', or are returned as leftover."""
+    with tail='partial', or are returned as leftover. ``delay`` orders them (oldest first, one
+    more each round held); every item is recorded with the step it goes in minus the step it
+    arrived at (``len(steps.step_mbs) - delay`` at the start, a popped step's index minus its
+    recorded delay)."""
     pool = np.asarray(pool, dtype=np.int64)
     delay = np.asarray(delay, dtype=np.int32)
+    arrived = {int(i): len(steps.step_mbs) - int(d) for i, d in zip(pool, delay)}
+
+    def emit(out, counts):
+        now = len(steps.step_mbs)
+        steps.emit(out, counts, np.array([now - arrived[int(i)] for i in out], np.int32))
+
     merges = 0
     while len(pool):
         mm = min(m, len(pool) // dp)
@@ -437,13 +446,14 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
             pool, delay = _by_delay_then_cost(pool, delay, costs)
             _, out, counts, idx, rest = pack_fewest(pool, sizes, costs, dp, mm, capacity,
                                                     rank_units, balance, pp)
-            steps.emit(out, counts, delay[idx])
+            emit(out, counts)
             pool, delay = pool[rest], delay[rest] + 1
             continue
         if tail != "partial":
             return pool
         if not steps.steps or merges > 4:
-            if _place_in_room(steps, pool, delay, sizes, costs, capacity, rank_units):
+            true = np.array([len(steps.step_mbs) - arrived[int(i)] for i in pool], np.int32)
+            if _place_in_room(steps, pool, true, sizes, costs, capacity, rank_units):
                 return np.zeros(0, np.int64)
             raise ValueError(f"{len(pool)} items cannot be spread over {dp} DP ranks: every rank "
                              f"needs at least one item per step; use tail='carry' or 'drop'")
@@ -452,12 +462,14 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
         while True:  # too few left for the held-back step: the step before joins them too
             prev_m = max(prev_m, steps.step_mbs[-1])
             prev, prev_delay = steps.pop()
+            for i, d in zip(prev, prev_delay):
+                arrived[int(i)] = len(steps.step_mbs) - int(d)
             pool, delay = _by_delay_then_cost(np.concatenate([prev, pool]),
                                               np.concatenate([prev_delay, delay]), costs)
             out, counts, idx, rest = pack_exact(pool, sizes, costs, dp, prev_m, capacity,
                                                 rank_units, balance, pp)
             if len(rest) == 0:
-                steps.emit(out, counts, delay[idx])
+                emit(out, counts)
                 return np.zeros(0, np.int64)
             held = sorted(range(len(pool)), key=lambda k: (costs[pool[k]], k))[:dp]
             body = [k for k in range(len(pool)) if k not in held]
@@ -470,7 +482,7 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
                              f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
         out, counts, idx, rest = pack_exact(pool[body], sizes, costs, dp, m1, capacity,
                                             rank_units, balance, pp)
-        steps.emit(out, counts, delay[body][idx])
+        emit(out, counts)
         pool = np.concatenate([pool[body][rest], pool[held]])
         delay = np.concatenate([delay[body][rest], delay[held]]) + 1
     return np.zeros(0, np.int64)
