@@ -231,6 +231,18 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
     ob = np.argsort(vc_t, kind="mergesort")
     for q in range(kb):
         tb_top[q] = vt_t[ob[q]]
+    # V's items by bin, each bin's in (cost, item order): c comes from b's bin
+    boff = np.zeros(m + 1, dtype=np.int64)
+    for q in range(nv):
+        boff[bin_of[vt[q]] - V * m + 1] += 1
+    for j in range(m):
+        boff[j + 1] += boff[j]
+    bl = np.empty(nv, dtype=np.int64)
+    bfill = boff[:m].copy()
+    for q in range(nv):
+        j = bin_of[vt[q]] - V * m
+        bl[bfill[j]] = vt[q]
+        bfill[j] += 1
     for ta in ta_top:
         A = bin_of[ta]
         sa = isz[ta]
@@ -249,14 +261,18 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
             hi_c = room_a - sb
             if hi_c < lo_c:
                 continue
-            for tc in vt:  # c of bin B by (cost, item order)
-                if tc == tb or bin_of[tc] != B:
-                    continue
-                sc = isz[tc]
-                if sc < lo_c or sc > hi_c:
+            jb = B - V * m
+            for qq in range(boff[jb], boff[jb + 1]):  # c of bin B by (cost, item order)
+                tc = bl[qq]
+                if tc == tb:
                     continue
                 d = (ca - cb) - ics[tc]
-                if d <= 0.0:
+                # d falls as c's cost rises: once it is 0, or U alone stays at best, no later
+                # c makes a better exchange
+                if d <= 0.0 or cu - d >= best:
+                    break
+                sc = isz[tc]
+                if sc < lo_c or sc > hi_c:
                     continue
                 nm = cu - d
                 if cv + d > nm:
