@@ -24,7 +24,10 @@ def _pass_costs(lengths, a, b, d, out):
 
 def pass_costs(lengths, a: float, b: float, d: float = 0.0) -> np.ndarray:
     """float64[n] costs ``a * L^2 + b * L + d`` of int64[n] document lengths (any integer
-    dtype is converted)."""
+    dtype is converted; other dtypes are refused, not truncated)."""
+    lengths = np.asarray(lengths)
+    if lengths.dtype.kind not in "iu":
+        raise ValueError(f"document lengths must be integers, got dtype {lengths.dtype}")
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     out = np.empty(lengths.shape[0], dtype=np.float64)
     _pass_costs(lengths, float(a), float(b), float(d), out)

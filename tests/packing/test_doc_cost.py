@@ -33,3 +33,9 @@ def test_an_overflow_gives_inf_as_numpy_does():
     got = pass_costs(lengths, 1e300, 1.0, 0.0)
     assert got[0] == 1e300 + 1.0 and np.isinf(got[1])
     assert got.tobytes() == _numpy(lengths, 1e300, 1.0, 0.0).tobytes()
+
+
+def test_lengths_that_are_not_integers_are_refused_not_truncated():
+    with pytest.raises(ValueError, match="must be integers, got dtype float64"):
+        pass_costs(np.array([1.5, 2.0]), 1.0, 1.0)
+    assert pass_costs(np.array([3], dtype=np.int32), 0.0, 2.0).tolist() == [6.0]
