@@ -12,8 +12,9 @@ from tests.naive import steps as naive_steps
 
 
 def _case(seed):
-    """Full steps of items longer than half a microbatch (one a microbatch) and a pool of
-    more of them than ranks but fewer than two steps' worth: the tail re-plans."""
+    """Full steps of one long and one short item a microbatch and a pool of long items, more
+    than ranks but fewer than two steps' worth: 42 of the 60 tails re-plan the steps before
+    them (none raises)."""
     rng = np.random.default_rng(seed)
     dp, m, cap = int(rng.integers(2, 5)), int(rng.integers(1, 4)), 100
     n_steps = int(rng.integers(1, 5))
@@ -52,11 +53,7 @@ def test_the_tail_records_true_delays(seed, rank_units, reference):
     for items, delays in steps:
         b.emit(items, np.full(dp * m, 2, dtype=np.int64), delays)
     fn = naive_steps.finish_tail if reference else _finish_tail
-    try:
-        left = fn(b, pool, pool_delay, sizes, costs, dp, m, cap, "partial", rank_units, True, 1)
-    except ValueError as e:
-        assert "tail='carry'" in str(e)
-        return
+    left = fn(b, pool, pool_delay, sizes, costs, dp, m, cap, "partial", rank_units, True, 1)
     plan = b.finish(left)
     assert sorted(plan.entry_item.tolist()) == list(range(sizes.shape[0]))
     st = _entry_steps(plan, dp)

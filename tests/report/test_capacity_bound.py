@@ -70,6 +70,7 @@ def test_more_documents_than_ranks_raise_the_bound():
     # top five: 7 + 6 + 5 = 18 < total / dp = 21; on 4 ranks 1 + 1 + 1 of 9 equal ones: 3
     c = np.array([9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0])
     assert step_capacity_bound(np.ones(7, dtype=np.int64), c, 3, 100) == pytest.approx(14.0)
+    assert step_capacity_bound(np.ones(7, dtype=np.int64), c, 2, 100) == pytest.approx(21.0)
     assert step_capacity_bound(np.ones(9, dtype=np.int64), np.ones(9), 4, 100) == pytest.approx(3.0)
 
 
