@@ -329,6 +329,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 nc = 0
                 cls = np.empty(np_, dtype=np.int64)
                 ck = np.empty(np_, dtype=np.int64)
+                ccost = np.empty(np_)
                 for k in range(np_):
                     i = pool[k]
                     lump = (costs[i] - sizes[i] * cpt > thr)
@@ -345,6 +346,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                         c = 3
                     cls[nc] = c
                     ck[nc] = k
+                    ccost[nc] = costs[i]
                     nc += 1
                 if pos >= n:
                     # the stream is read: what is left goes to the tail
@@ -356,11 +358,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     if nc < n_bins or ctok <= dp * (m - 1) * capacity:
                         tail_break = True
                         break
-                ccost = np.empty(nc)
-                for t in range(nc):
-                    ccost[t] = costs[pool[ck[t]]]
                 o1 = np.empty(nc, dtype=np.int64)
-                _priority_order(cls[:nc], ccost, o1)
+                _priority_order(cls[:nc], ccost[:nc], o1)
                 order = np.empty(nc, dtype=np.int64)  # pool slots, by class then cost descending
                 ocls = np.empty(nc, dtype=np.int64)
                 for t in range(nc):

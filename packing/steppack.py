@@ -163,44 +163,72 @@ def pack_step(order, sizes, costs, n_units: int, bins_per_unit: int, capacity: i
 
 @kernel
 def _priority_order(cls, cost, out):
-    """Stable order by class ascending, then cost descending (ties keep input order): LSD radix
-    sort on the high 32 of the IEEE bits of the non-negative costs (three 11-bit passes), runs
-    equal there put in order of the low 32 bits (rarely any work: costs of different lengths
-    differ in their high bits), then a counting sort on the class. O(n), where a comparison
-    sort per step was the planner's largest cost. ``cls`` int64[n] in 0..3, ``cost``
-    float64[n] >= 0; fills ``out`` (int64[n])."""
+    """Stable order by class ascending, then cost descending (ties keep input order): an LSD
+    radix sort on one key, the class above the high 32 of the IEEE bits of the non-negative
+    costs less their minimum (so a step's keys span only the bits its costs use, about 26: two
+    or three passes of digits up to 13 bits wide, every digit's counts taken in one read), then runs
+    equal in that key put in order of the full bits (rarely any work: costs of different
+    lengths differ in their high bits). O(n), where a comparison sort per step was the planner's
+    largest cost. ``cls`` int64[n] in 0..3, ``cost`` float64[n] >= 0; fills ``out``
+    (int64[n])."""
     n = cost.shape[0]
-    key = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return
+    key = np.empty(n, dtype=np.uint64)  # descending cost = ascending complement of the bits
     ka = np.empty(n, dtype=np.uint64)
-    kb = np.empty(n, dtype=np.uint64)
+    kmin = np.uint64(0xFFFFFFFF)
+    kmax = np.uint64(0)
     for i in range(n):
-        # descending cost = ascending complement of the (order-preserving) bit pattern
         key[i] = ~np.float64(cost[i]).view(np.uint64)
-        ka[i] = key[i] >> np.uint64(32)
+        h = key[i] >> np.uint64(32)
+        ka[i] = h
+        if h < kmin:
+            kmin = h
+        if h > kmax:
+            kmax = h
+    span = kmax - kmin
+    bits = 0
+    while span > np.uint64(0):
+        bits += 1
+        span >>= np.uint64(1)
+    sh_cls = np.uint64(bits)
+    for i in range(n):
+        ka[i] = (np.uint64(cls[i]) << sh_cls) | (ka[i] - kmin)
+    total = bits + 2
+    # digits as wide as the counting arrays stay cheap next to n (zeroed and summed per pass)
+    maxw = 13 if n >= 4096 else (11 if n >= 512 else 8)
+    passes = (total + maxw - 1) // maxw
+    width = (total + passes - 1) // passes
+    nd = 1 << width
+    mask = np.uint64(nd - 1)
+    count = np.zeros((passes, nd + 1), dtype=np.int64)
+    for i in range(n):  # every pass's digit counts in one read
+        k = ka[i]
+        for q in range(passes):
+            count[q, ((k >> np.uint64(q * width)) & mask) + 1] += 1
+    kb = np.empty(n, dtype=np.uint64)
     a = np.empty(n, dtype=np.int64)
     b = np.empty(n, dtype=np.int64)
     for i in range(n):
         a[i] = i
-    count = np.empty(2049, dtype=np.int64)
-    for shift in range(0, 32, 11):
-        sh = np.uint64(shift)
-        count[:] = 0
+    for q in range(passes):
+        sh = np.uint64(q * width)
+        c = count[q]
+        if c[((ka[0] >> sh) & mask) + 1] == n:
+            continue  # every key has this digit: no reorder
+        for d in range(nd):
+            c[d + 1] += c[d]
         for i in range(n):
-            count[((ka[i] >> sh) & np.uint64(0x7FF)) + 1] += 1
-        if n and count[((ka[0] >> sh) & np.uint64(0x7FF)) + 1] == n:
-            continue  # every key has this digit (the sign and top exponent bits): no reorder
-        for d in range(2048):
-            count[d + 1] += count[d]
-        for i in range(n):
-            d = (ka[i] >> sh) & np.uint64(0x7FF)
-            p = count[d]
+            d = (ka[i] >> sh) & mask
+            p = c[d]
             b[p] = a[i]
             kb[p] = ka[i]
-            count[d] = p + 1
+            c[d] = p + 1
         a, b = b, a
         ka, kb = kb, ka
-    # runs of equal high bits (in input order: the sort is stable) by their full key: a stable
-    # insertion sort, which does nothing on a run already in order (equal costs)
+    # runs equal in the sort key (one class, equal high bits; in input order: the sort is
+    # stable) by their full bits: a stable insertion sort, which does nothing on a run already
+    # in order (equal costs)
     lo = 0
     while lo < n:
         hi = lo + 1
@@ -215,12 +243,5 @@ def _priority_order(cls, cost, out):
                 q -= 1
             a[q] = j
         lo = hi
-    c4 = np.zeros(5, dtype=np.int64)
     for i in range(n):
-        c4[cls[i] + 1] += 1
-    for d in range(4):
-        c4[d + 1] += c4[d]
-    for i in range(n):
-        j = a[i]
-        out[c4[cls[j]]] = j
-        c4[cls[j]] += 1
+        out[i] = a[i]

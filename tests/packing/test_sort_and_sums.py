@@ -35,6 +35,16 @@ def test_priority_order_equals_lexsort(data, n):
     assert (out == np.lexsort((np.arange(n), -cost, cls))).all()
 
 
+@given(st.data(), st.sampled_from([600, 5000, 20000]))
+def test_priority_order_of_a_large_step_equals_lexsort(data, n):
+    """Steps of 512 and 4096 items or more sort on wider digits (fewer passes)."""
+    cost = _costs(data.draw, n)
+    cls = np.random.default_rng(n).integers(0, 4, n).astype(np.int64)
+    out = np.empty(n, dtype=np.int64)
+    _priority_order(cls, cost, out)
+    assert (out == np.lexsort((np.arange(n), -cost, cls))).all()
+
+
 @given(st.data(), st.integers(1, 300), st.integers(0, 60))
 def test_top_up_merge_equals_sorting_everything(data, n_old, n_new):
     """The first round's candidates (some pool slots, classes 0-3) and the light items read by
