@@ -181,47 +181,73 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
             continue
         for B in range(V * m, V * m + m):
             if capacity - bin_tokens[B] >= sa:
-                nm = cu - ca
-                if cv + ca > nm:
-                    nm = cv + ca
+                nm = _new_max(cu, cv, ca)
                 if nm < best:
                     best = nm
                     kind = 0
                     ba = ta
                     bbin = B
                     bd = ca
-    # swaps: a of U for b of V, ca - gap < cb < ca
+    # swaps: a of U for b of V, ca - gap < cb < ca, and sb within the rooms: sa - (B's room)
+    # <= sb <= (A's room once a leaves). In a token-full step the cost window holds most of V's
+    # items and the size window few, so each a scans the smaller of the two: the size window
+    # through V's items by (size, cost order), keeping the least new max cost and, on ties,
+    # the first b in cost order, as the scan in cost order would
+    rv = 0
+    for B in range(V * m, V * m + m):
+        if capacity - bin_tokens[B] > rv:
+            rv = capacity - bin_tokens[B]
+    vs = np.empty(nv, dtype=np.int64)
+    for q in range(nv):
+        vs[q] = isz[vt[q]]
+    so = np.argsort(vs, kind="mergesort")  # V's items (positions in vt) by (size, cost order)
+    ss = vs[so]
     for ta in ua:
         A = bin_of[ta]
         sa = isz[ta]
         ca = ics[ta]
         room_a = capacity - bin_tokens[A] + sa  # A's room once a leaves
-        lo = 0
-        hi = nv
-        while lo < hi:  # first b with cb > ca - gap
-            mid = (lo + hi) // 2
-            if vc[mid] <= ca - gap:
-                lo = mid + 1
-            else:
-                hi = mid
-        for q in range(lo, nv):
-            cb = vc[q]
-            if cb >= ca:
-                break
-            tb = vt[q]
-            B = bin_of[tb]
-            sb = isz[tb]
-            if sb <= room_a and sa <= capacity - bin_tokens[B] + sb:
-                d = ca - cb
-                nm = cu - d
-                if cv + d > nm:
-                    nm = cv + d
-                if nm < best:
-                    best = nm
-                    kind = 1
-                    ba = ta
-                    bb = tb
-                    bd = d
+        lo = _first_above(vc, 0, nv, ca - gap)  # first b with cb > ca - gap
+        hi = _first_at_least(vc, lo, nv, ca)    # first b with cb >= ca
+        s_lo = _first_at_least(ss, 0, nv, sa - rv)
+        s_hi = _first_above(ss, s_lo, nv, room_a)
+        if hi - lo <= s_hi - s_lo:
+            for q in range(lo, hi):
+                tb = vt[q]
+                B = bin_of[tb]
+                sb = isz[tb]
+                if sb <= room_a and sa <= capacity - bin_tokens[B] + sb:
+                    d = ca - vc[q]
+                    nm = _new_max(cu, cv, d)
+                    if nm < best:
+                        best = nm
+                        kind = 1
+                        ba = ta
+                        bb = tb
+                        bd = d
+        else:
+            a_best = best
+            a_q = nv
+            a_d = 0.0
+            for r in range(s_lo, s_hi):
+                q = so[r]
+                if q < lo or q >= hi:
+                    continue
+                tb = vt[q]
+                sb = ss[r]
+                if sa <= capacity - bin_tokens[bin_of[tb]] + sb:
+                    d = ca - vc[q]
+                    nm = _new_max(cu, cv, d)
+                    if nm < a_best or (nm == a_best and a_q < nv and q < a_q):
+                        a_best = nm
+                        a_q = q
+                        a_d = d
+            if a_q < nv:
+                best = a_best
+                kind = 1
+                ba = ta
+                bb = vt[a_q]
+                bd = a_d
     # two-for-one: one of U's _TOP costliest items a for one of V's _TOP costliest b (cb <
     # ca) and c of b's bin (a into that bin)
     kb = nv if nv < _TOP else _TOP
@@ -274,9 +300,7 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
                 sc = isz[tc]
                 if sc < lo_c or sc > hi_c:
                     continue
-                nm = cu - d
-                if cv + d > nm:
-                    nm = cv + d
+                nm = _new_max(cu, cv, d)
                 if nm < best:
                     best = nm
                     kind = 2
@@ -285,6 +309,39 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
                     bcx = tc
                     bd = d
     return kind, ba, bb, bcx, bbin, bd
+
+
+@kernel
+def _new_max(cu, cv, d):
+    """The larger of the two ranks' costs once cost ``d`` moves from U (``cu``) to V (``cv``)."""
+    nm = cu - d
+    if cv + d > nm:
+        nm = cv + d
+    return nm
+
+
+@kernel
+def _first_above(a, lo, hi, x):
+    """The first index in ``lo..hi-1`` of ascending ``a`` whose value is above ``x``, else hi."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@kernel
+def _first_at_least(a, lo, hi, x):
+    """The first index in ``lo..hi-1`` of ascending ``a`` whose value is ``x`` or more, else hi."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @kernel

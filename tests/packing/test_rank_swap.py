@@ -20,12 +20,22 @@ def _packed(seed, kind="quadratic"):
         costs = rng.integers(1, 4, n) * 0.1 + sizes * 1e-3
     elif kind == "unrelated":  # costs that do not follow the sizes (media, per-sample extras)
         costs = rng.random(n) * cap
+    elif kind == "full":  # many short documents filling every bin to its last tokens: the
+        # swap search scans V's items by size there (few fit the rooms, most fit the costs)
+        n = 120 * dp * m
+        sizes = np.where(rng.random(n) < 0.05, rng.integers(cap // 4, cap // 2, n),
+                         rng.integers(1, max(2, cap // 40), n)).astype(np.int64)
+        keep = np.cumsum(sizes) <= dp * m * cap * 0.995
+        keep[:dp * m] = True
+        sizes = sizes[keep]
+        n = sizes.shape[0]
+        costs = sizes + sizes.astype(float) ** 2 / 4096
     order = np.argsort(-costs, kind="stable").astype(np.int64)
     bin_of, tokens, _, count = pack_step(order, sizes, costs, dp, m, cap)
     return order, sizes, costs, bin_of, tokens, count, dp, m, cap
 
 
-@pytest.mark.parametrize("kind", ["quadratic", "ties", "unrelated"])
+@pytest.mark.parametrize("kind", ["quadratic", "ties", "unrelated", "full"])
 @pytest.mark.parametrize("seed", range(40))
 def test_rank_swaps_equal_reference_and_keep_the_rules(seed, kind):
     order, sizes, costs, bin_of, tokens, count, dp, m, cap = _packed(seed, kind)
@@ -46,7 +56,7 @@ def test_rank_swaps_equal_reference_and_keep_the_rules(seed, kind):
 
 def test_the_pass_exchanges_on_these_steps():
     # the equality above is not vacuous: exchanges are made on some of its steps
-    for kind in ("quadratic", "ties", "unrelated"):
+    for kind in ("quadratic", "ties", "unrelated", "full"):
         made = 0
         for seed in range(40):
             order, sizes, costs, bin_of, tokens, count, dp, m, cap = _packed(seed, kind)
