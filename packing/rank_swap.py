@@ -197,7 +197,8 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
     for B in range(V * m, V * m + m):
         if capacity - bin_tokens[B] > rv:
             rv = capacity - bin_tokens[B]
-    vs = np.empty(nv, dtype=np.int64)
+    # sizes as float64 (exact below 2**53): the searches below take one array type
+    vs = np.empty(nv)
     for q in range(nv):
         vs[q] = isz[vt[q]]
     so = np.argsort(vs, kind="mergesort")  # V's items (positions in vt) by (size, cost order)
@@ -207,10 +208,10 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
         sa = isz[ta]
         ca = ics[ta]
         room_a = capacity - bin_tokens[A] + sa  # A's room once a leaves
-        lo = _first_above(vc, 0, nv, ca - gap)  # first b with cb > ca - gap
+        lo = _first_above(vc, np.int64(0), nv, ca - gap)  # first b with cb > ca - gap
         hi = _first_at_least(vc, lo, nv, ca)    # first b with cb >= ca
-        s_lo = _first_at_least(ss, 0, nv, sa - rv)
-        s_hi = _first_above(ss, s_lo, nv, room_a)
+        s_lo = _first_at_least(ss, np.int64(0), nv, np.float64(sa - rv))
+        s_hi = _first_above(ss, s_lo, nv, np.float64(room_a))
         if hi - lo <= s_hi - s_lo:
             for q in range(lo, hi):
                 tb = vt[q]
@@ -234,7 +235,7 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
                 if q < lo or q >= hi:
                     continue
                 tb = vt[q]
-                sb = ss[r]
+                sb = isz[tb]
                 if sa <= capacity - bin_tokens[bin_of[tb]] + sb:
                     d = ca - vc[q]
                     nm = _new_max(cu, cv, d)
