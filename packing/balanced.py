@@ -439,12 +439,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         # whole-rank units: exchanges between the costliest and the cheapest rank while the
         # step is more than 0.5% above its lower bound (packing.rank_swap)
         if rank_units and dp > 1:
-            if _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capacity,
-                           np.float64(SWAP_TOL), 2 * dp + 8) > 0:
-                bin_cost[:] = 0.0
-                for t in range(items.shape[0]):
-                    if bin_of[t] >= 0:
-                        bin_cost[bin_of[t]] += costs[items[t]]
+            # (bin_cost summed afresh there when an exchange is made)
+            _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capacity,
+                        np.float64(SWAP_TOL), 2 * dp + 8, bin_cost)
         # final microbatch order (rank-major, cost descending inside a rank, 1F1B with pp > 1)
         # and the step's entries
         _bin_positions(bin_cost, dp, m, rank_units, pp, scratch)

@@ -34,28 +34,39 @@ SWAP_TOL = 5e-3  # exchanges stop once the costliest rank is within this fractio
 
 @kernel
 def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capacity, tol,
-                rounds):
+                rounds, bin_cost):
     """Exchange items between the ranks of one packed step (``bin_of[t]``: bin of ``items[t]``,
     ``-1`` not placed; rank r holds bins ``r*m..r*m+m-1``), updating ``bin_of``, ``bin_tokens``
-    and ``bin_count``. Returns the number of exchanges made."""
+    and ``bin_count``, and, when it makes an exchange, ``bin_cost`` (float64[dp * m], summed
+    afresh in item order). Returns the number of exchanges made."""
     nc = items.shape[0]
     # the items' sizes and costs in step order: every exchange looks at them many times, and
     # reading them through ``items`` from the epoch-long arrays missed the cache each time
     isz = np.empty(nc, dtype=np.int64)
     ics = np.empty(nc)
-    for t in range(nc):
-        isz[t] = sizes[items[t]]
-        ics[t] = costs[items[t]]
+    # ... with each item's rank (-1 not placed), from a table: an integer division per item
+    # was a visible part of the pass
+    rank_of_bin = np.empty(dp * m, dtype=np.int64)
+    for b in range(dp * m):
+        rank_of_bin[b] = b // m
+    rk = np.empty(nc, dtype=np.int64)
     uc = np.zeros(dp)
     cnt = np.zeros(dp, dtype=np.int64)
     top = 0.0
     for t in range(nc):
-        if bin_of[t] >= 0:
-            c = ics[t]
-            uc[bin_of[t] // m] += c
-            cnt[bin_of[t] // m] += 1
+        i = items[t]
+        isz[t] = sizes[i]
+        c = costs[i]
+        ics[t] = c
+        b = bin_of[t]
+        u = -1
+        if b >= 0:
+            u = rank_of_bin[b]
+            uc[u] += c
+            cnt[u] += 1
             if c > top:
                 top = c
+        rk[t] = u
     total = 0.0
     for u in range(dp):
         total += uc[u]
@@ -69,8 +80,8 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
     ul = np.empty(off[dp], dtype=np.int64)
     fill = np.zeros(dp, dtype=np.int64)
     for t in range(nc):
-        if bin_of[t] >= 0:
-            u = bin_of[t] // m
+        u = rk[t]
+        if u >= 0:
             ul[off[u] + fill[u]] = t
             fill[u] += 1
     made = np.int64(0)
@@ -145,6 +156,11 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
         uc[U] = cu - bd
         uc[V] = cv + bd
         made += 1
+    if made > 0:
+        bin_cost[:] = 0.0
+        for t in range(nc):
+            if bin_of[t] >= 0:
+                bin_cost[bin_of[t]] += ics[t]
     return made
 
 
@@ -358,11 +374,15 @@ def _list_move(ul, off, fill, src, dst, t):
 
 
 def rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp: int, m: int,
-               capacity: int, tol: float = SWAP_TOL, rounds: int | None = None) -> int:
+               capacity: int, tol: float = SWAP_TOL, rounds: int | None = None,
+               bin_cost=None) -> int:
     """:func:`_rank_swaps` on arrays of any integer/float dtype (``bin_of``, ``bin_tokens``,
-    ``bin_count`` int64, changed in place). Returns the number of exchanges."""
+    ``bin_count`` int64, changed in place; ``bin_cost``, float64, too when given). Returns the
+    number of exchanges."""
+    if bin_cost is None:
+        bin_cost = np.zeros(int(dp) * int(m))
     return int(_rank_swaps(np.ascontiguousarray(items, dtype=np.int64),
                            np.ascontiguousarray(sizes, dtype=np.int64),
                            np.ascontiguousarray(costs, dtype=np.float64), bin_of, bin_tokens,
                            bin_count, np.int64(dp), np.int64(m), np.int64(capacity), float(tol),
-                           np.int64(2 * dp + 8 if rounds is None else rounds)))
+                           np.int64(2 * dp + 8 if rounds is None else rounds), bin_cost))
