@@ -107,9 +107,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     ls = np.empty(256, dtype=np.int64)
     nls = np.int64(0)
     fluid_w = 0
+    pool_long = np.int64(0)  # items longer than half the capacity in the pool
     while pos < n or np_ > 0:
         n_old = np_
-        nlong = _count_long(pool, np_, sizes, capacity)
+        nlong = pool_long  # the pool is as the last step's compaction left it
         fluid_w_old = fluid_w
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
@@ -453,7 +454,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         nmb += n_bins
         step_mbs[step] = m
         step += 1
-        np_, nls, fluid_w = _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr)
+        np_, nls, fluid_w, pool_long = _compact_pool(pool, parr, ls, np_, placed, sizes, costs,
+                                                     w, cpt, thr, capacity)
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()
 
 

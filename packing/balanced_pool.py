@@ -52,13 +52,14 @@ def _pool_add(pool, parr, now, ls, np_, nls, i, arrival, going, lump):
 
 
 @kernel
-def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr):
+def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr, capacity):
     """Drop the slots a step placed (``placed`` bool[np_]), keeping pool order; rebuild the lump
     slots ``ls`` and the light weight. Returns (items left, lumps among them, their light
-    weight)."""
+    weight, how many of them are longer than half the ``capacity``)."""
     j = 0
     nls = 0
     fluid_w = 0
+    nlong = np.int64(0)
     for k in range(np_):
         if not placed[k]:
             i = pool[k]
@@ -69,5 +70,7 @@ def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr):
                 nls += 1
             else:
                 fluid_w += w[i]
+            if 2 * sizes[i] > capacity:
+                nlong += 1
             j += 1
-    return j, nls, fluid_w
+    return j, nls, fluid_w, nlong
