@@ -14,7 +14,6 @@ from typing import Optional
 import numpy as np
 
 from packing.chunking import expand_pieces
-from packing.shuffle import permutation
 
 from ..config import MAX_COUNT, Layout, PlannerConfig, step_budget
 from ..cost.blocks import doc_totals
@@ -36,8 +35,8 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True,
         return block_order_range(n, seed, epoch, 0, n)
     if order != "permutation":
         raise ValueError(f"order {order!r}: expected 'permutation' or 'blocks'")
-    # numpy's ``default_rng([seed, epoch]).permutation(n)``, bit for bit, faster
-    return permutation(np.random.default_rng([int(seed), int(epoch)]), n)
+    perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+    return perm.astype(np.int64, copy=False)  # already int64 on 64-bit: no copy
 
 
 def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:

@@ -33,7 +33,6 @@ def _packing_kernels() -> None:
     from packing.gather import take3
     from packing.partition import balanced_equal, kk, kk_equal, lpt_equal
     from packing.pipeline import rank_step_times
-    from packing.shuffle import permutation
     from packing.steppack import pack_step
     from packing.stream import plan_balanced
     sizes = np.array([3, 1, 2, 2], dtype=np.int64)
@@ -47,7 +46,6 @@ def _packing_kernels() -> None:
     schedule_lumps(costs, sizes, np.zeros(4, np.int64), np.ones(4, np.int64), 2, 2, 4, 1.0)
     expand_pieces(np.arange(4), sizes, 2)
     take3(np.arange(4), sizes, sizes, sizes)  # a chunked plan's entries
-    permutation(np.random.default_rng(0), 4)  # the epoch order
     pass_costs(sizes, 1.0, 1.0, 1.0)
     rank_step_times(costs, costs, np.array([2, 2]), 1, 2)
     from .order import block_order
