@@ -166,11 +166,11 @@ def _priority_order(cls, cost, out):
     """Stable order by class ascending, then cost descending (ties keep input order): an LSD
     radix sort on one key, the class above the high 32 of the IEEE bits of the non-negative
     costs less their minimum (so a step's keys span only the bits its costs use, about 26: two
-    or three passes of digits up to 13 bits wide, every digit's counts taken in one read), then runs
-    equal in that key put in order of the full bits (rarely any work: costs of different
-    lengths differ in their high bits). O(n), where a comparison sort per step was the planner's
-    largest cost. ``cls`` int64[n] in 0..3, ``cost`` float64[n] >= 0; fills ``out``
-    (int64[n])."""
+    or three passes of digits up to 13 bits wide, every digit's counts taken in one read),
+    then runs equal in that key put in order of the full bits (rarely any work: costs of
+    different lengths differ in their high bits). O(n), where a comparison sort per step was
+    the planner's largest cost. ``cls`` int64[n] in 0..3, ``cost`` float64[n] >= 0; fills
+    ``out`` (int64[n])."""
     n = cost.shape[0]
     if n == 0:
         return
