@@ -228,43 +228,37 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
         hi = _first_at_least(vc, lo, nv, ca)    # first b with cb >= ca
         s_lo = _first_at_least(ss, np.int64(0), nv, np.float64(sa - rv))
         s_hi = _first_above(ss, s_lo, nv, np.float64(room_a))
+        # this a's best b: the least new max below the best so far, the first in cost order
+        # on ties (the cost window is scanned in that order; the size window is not)
+        a_best = best
+        a_q = nv
         if hi - lo <= s_hi - s_lo:
             for q in range(lo, hi):
                 tb = vt[q]
-                B = bin_of[tb]
                 sb = isz[tb]
-                if sb <= room_a and sa <= capacity - bin_tokens[B] + sb:
-                    d = ca - vc[q]
-                    nm = _new_max(cu, cv, d)
-                    if nm < best:
-                        best = nm
-                        kind = 1
-                        ba = ta
-                        bb = tb
-                        bd = d
+                if sb <= room_a and sa <= capacity - bin_tokens[bin_of[tb]] + sb:
+                    nm = _new_max(cu, cv, ca - vc[q])
+                    if nm < a_best:
+                        a_best = nm
+                        a_q = q
         else:
-            a_best = best
-            a_q = nv
-            a_d = 0.0
             for r in range(s_lo, s_hi):
                 q = so[r]
                 if q < lo or q >= hi:
                     continue
                 tb = vt[q]
-                sb = isz[tb]
+                sb = isz[tb]  # <= room_a: the window's bound
                 if sa <= capacity - bin_tokens[bin_of[tb]] + sb:
-                    d = ca - vc[q]
-                    nm = _new_max(cu, cv, d)
+                    nm = _new_max(cu, cv, ca - vc[q])
                     if nm < a_best or (nm == a_best and a_q < nv and q < a_q):
                         a_best = nm
                         a_q = q
-                        a_d = d
-            if a_q < nv:
-                best = a_best
-                kind = 1
-                ba = ta
-                bb = vt[a_q]
-                bd = a_d
+        if a_q < nv:
+            best = a_best
+            kind = 1
+            ba = ta
+            bb = vt[a_q]
+            bd = ca - vc[a_q]
     # two-for-one: one of U's _TOP costliest items a for one of V's _TOP costliest b (cb <
     # ca) and c of b's bin (a into that bin)
     kb = nv if nv < _TOP else _TOP

@@ -45,8 +45,12 @@ def test_rank_swaps_equal_reference_and_keep_the_rules(seed, kind):
     before = np.bincount(bin_of[placed] // m, weights=costs[order[placed]], minlength=dp)
     b_ref = [int(b) for b in bin_of[placed]]
     made_ref = naive_rank_swaps(sizes[order[placed]], costs[order[placed]], b_ref, dp, m, cap)
-    made = rank_swaps(order, sizes, costs, bin_of, tokens, count, dp, m, cap)
+    bin_cost = np.zeros(dp * m)
+    made = rank_swaps(order, sizes, costs, bin_of, tokens, count, dp, m, cap, bin_cost=bin_cost)
     assert made == made_ref and bin_of[placed].tolist() == b_ref
+    if made:  # the microbatch costs summed afresh, in item order (bincount's sums)
+        assert np.array_equal(bin_cost, np.bincount(bin_of[placed], weights=costs[order[placed]],
+                                                    minlength=dp * m))
     assert (np.bincount(bin_of[placed], weights=sizes[order[placed]], minlength=dp * m)
             == tokens).all() and (tokens <= cap).all()
     assert (np.bincount(bin_of[placed], minlength=dp * m) == count).all() and (count > 0).all()
