@@ -412,10 +412,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 pos += 1
         if tail_break:
             break
-        # whole-rank units and a token budget: a step LPT left with holes is packed for tokens
+        # a token budget of the whole capacity: a step LPT left with holes is packed for tokens
         # first when that holds more at no worse balance (packing.balanced_fill; its best fit
         # keeps a count tree over rooms 0..capacity, so capacities above 4M tokens keep LPT's)
-        if rank_units and topup and dp > 1 and capacity <= BFD_MAX_CAPACITY:
+        if topup and (dp > 1 or not rank_units) and capacity <= BFD_MAX_CAPACITY:
             tok = np.int64(0)  # typed: a literal start compiles the callee for Literal[int]
             for b in range(n_bins):
                 tok += bin_tokens[b]
@@ -424,7 +424,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                               > (max_delay + max_advance + 1) * budget)
                 adopt, bo, bt, bn, fi, fe = _token_first(
                     items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos,
-                    max(budget, 1), max_advance, read_ahead, dp, m, capacity, bin_of, tok)
+                    max(budget, 1), max_advance, read_ahead, dp, m, capacity, bin_of, tok,
+                    rank_units)
                 if adopt:
                     for a in range(fi.shape[0]):
                         ahead_w += w[fi[a]]

@@ -1,6 +1,5 @@
-"""The ``balanced`` planner's token-first step, for whole-rank units with a token budget of the
-whole capacity, tried when LPT on cost (:func:`packing.steppack._pack_step`) leaves more than
-0.25% of a step empty.
+"""The ``balanced`` planner's token-first step, for a token budget of the whole capacity, tried
+when LPT on cost (:func:`packing.steppack._pack_step`) leaves more than 0.25% of a step empty.
 
 Why: LPT sends every item to the cheapest rank with room, so the ranks' costs come out even but
 the step's short items end up wherever a rank was cheap, not in the holes next to long items.
@@ -21,14 +20,23 @@ first and balances cost afterwards:
    short (it reads no further once the pool holds a long item for every microbatch:
    ``packing.balanced.LONG_READ_STEPS``). Not within ``max_delay + max_advance + 1`` steps of
    light weight of the stream's end (the long items left there would have no short ones);
-3. the microbatches go to ranks by the better of the LPT and Karmarkar-Karp equal-count
-   partitions of their costs, each refined by a few swaps (:func:`_bins_to_ranks`), then the
-   rank exchange pass runs as for LPT.
+3. whole-rank units: the microbatches go to ranks by the better of the LPT and Karmarkar-Karp
+   equal-count partitions of their costs, each refined by a few swaps (:func:`_bins_to_ranks`),
+   then the rank exchange pass runs as for LPT. Microbatch units: the microbatches go to their
+   places as LPT's do (``balanced_step._bin_positions``).
 
-The step keeps it when it holds more tokens than LPT's with its costliest rank no further above
-the mean rank than LPT's; otherwise LPT's packing stands and nothing is read ahead. Capacities
-above ``binpack.BFD_MAX_CAPACITY`` never try it (the best fit's tree has a slot per room). The
-plain version, step for step the same, is in ``tests/naive/balanced.py``.
+The step keeps it when it holds more tokens than LPT's and is no less balanced. Whole-rank
+units: its costliest rank no further above the mean rank than LPT's. Microbatch units (pipeline
+stages, or ranks that wait for each other after every microbatch, :func:`_keep_microbatches`):
+its costliest microbatch no further above the mean microbatch than LPT's, with dp > 1 also its
+costliest rank after the split of the microbatches over ranks, and no more tokens of documents
+already waiting (at their deadline or read in an earlier step) left for later than LPT leaves;
+their best fit also takes the documents read this step after the waiting ones. Without those
+two age rules, a microbatch unit's step that took fresh documents over waiting ones let the
+waiting ones pile up past the delay bound (lognormal 4K-median documents, 4 DP x 2 PP x 8 x
+32K, L + L^2/4096: 74 documents held 5 steps). Otherwise LPT's packing stands and nothing is
+read ahead. Capacities above ``binpack.BFD_MAX_CAPACITY`` never try it (the best fit's tree has
+a slot per room). The plain version, step for step the same, is in ``tests/naive/balanced.py``.
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ import numpy as np
 
 from ._jit import kernel
 from .balanced_pool import _grow_pool, _pool_add
-from .balanced_step import _fill_empty_bins
+from .balanced_step import _fill_empty_bins, _rank_of_bins
 from .binpack import _first_at_or_after, _tree_add
 from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 
@@ -94,10 +102,11 @@ def _place(tree, head, nxt, p, s, bin_tokens, bin_count):
 def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_tokens,
               bin_count):
     """Token-first packing of one step's candidates ``items`` (``cls``: 0 at the deadline,
-    1 otherwise; ``arr`` their arrival steps) into ``bin_tokens.shape[0]`` bins (zeroed by the
-    caller; the room structure ``tree``/``head``/``nxt`` empty): the deadline items largest
-    first, then items over half the capacity oldest first, then the others largest first (a
-    stable order), each into the fullest bin with room. ``bin_of[t]`` gets the bin of
+    2 read this step and put after the others (microbatch units), 1 otherwise; ``arr`` their
+    arrival steps) into ``bin_tokens.shape[0]`` bins (zeroed by the caller; the room structure
+    ``tree``/``head``/``nxt`` empty): the deadline items largest first, then items over half
+    the capacity oldest first, then the others largest first, class 1 before class 2 (a stable
+    order), each into the fullest bin with room. ``bin_of[t]`` gets the bin of
     ``items[t]`` or -1; the room structure holds the bins' rooms after. Returns tokens placed."""
     nc = items.shape[0]
     nb = bin_tokens.shape[0]
@@ -112,7 +121,7 @@ def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_
         elif 2 * s > capacity:
             key[t] = (1 << 61) + (arr[t] - lo) * (capacity + 1) + (capacity - s)
         else:
-            key[t] = (2 << 61) + (capacity - s)
+            key[t] = ((1 + cls[t]) << 61) + (capacity - s)
     o = np.argsort(key, kind="mergesort")
     placed = 0
     for q in range(nc):
@@ -193,13 +202,64 @@ def _bins_to_ranks(bcost, dp, rank):
 
 
 @kernel
+def _no_further_above(new, old):
+    """Whether the largest of the loads ``new`` is no further above their mean than the largest
+    of ``old`` is above theirs (float64 arrays of one length; sums in index order, as the plain
+    reference takes them, so both decide alike)."""
+    s_old = 0.0
+    s_new = 0.0
+    for k in range(old.shape[0]):
+        s_old += old[k]
+        s_new += new[k]
+    return new.max() * s_old <= old.max() * s_new
+
+
+@kernel
+def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m):
+    """Whether a microbatch unit's step keeps its token-first packing (bins ``bo`` of the
+    candidates ``items[:len(bin_of)]`` and the items read ahead; microbatch costs ``bcost``)
+    over LPT's (``bin_of``, microbatch costs ``lc``): no more tokens of waiting candidates
+    (``ocls`` 0 or 2: at their deadline or read in an earlier step) left unplaced, its
+    costliest microbatch no further above the mean than LPT's, and with dp > 1 its costliest
+    rank no further above the mean rank after the split of the microbatches over ranks
+    (``balanced_step._rank_of_bins``, the split the step then gets). Sums in bin and rank
+    order, as the plain reference takes them."""
+    nb = dp * m
+    left_lpt = 0
+    left_new = 0
+    for t in range(bin_of.shape[0]):
+        if ocls[t] == 0 or ocls[t] == 2:
+            if bin_of[t] < 0:
+                left_lpt += sizes[items[t]]
+            if bo[t] < 0:
+                left_new += sizes[items[t]]
+    if left_new > left_lpt:
+        return False
+    if not _no_further_above(bcost, lc):
+        return False
+    if dp == 1:
+        return True
+    g_lpt = np.empty(nb, dtype=np.int64)
+    g_new = np.empty(nb, dtype=np.int64)
+    _rank_of_bins(lc, dp, m, np.bool_(False), g_lpt)
+    _rank_of_bins(bcost, dp, m, np.bool_(False), g_new)
+    r_lpt = np.zeros(dp)
+    r_new = np.zeros(dp)
+    for b in range(nb):
+        r_lpt[g_lpt[b]] += lc[b]
+        r_new[g_new[b]] += bcost[b]
+    return _no_further_above(r_new, r_lpt)
+
+
+@kernel
 def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos, budget,
-                 max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens):
+                 max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens, rank_units):
     """The token-first packing of a step whose LPT packing (``bin_of``: bin of ``items[t]``,
     -1 not placed; ``lpt_tokens`` its tokens) left holes. ``items``/``order``/``ocls``: the
     step's candidates, their pool slots and priority classes; ``read_ahead``: whether the holes
-    may be filled from the stream ahead of ``pos``. Returns ``(adopt, bins int64[nc + na]``
-    (the new bin of every candidate, then of every item read ahead, ranks' bins consecutive),
+    may be filled from the stream ahead of ``pos``; ``rank_units``: whole-rank units (else
+    microbatch units). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
+    candidate, then of every item read ahead; with whole-rank units ranks' bins consecutive),
     ``bin_tokens, bin_count, ahead items, their steps early)``; with ``adopt`` False the step
     keeps LPT's packing and nothing is read ahead."""
     n_bins = dp * m
@@ -207,7 +267,8 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     cls = np.empty(nc, dtype=np.int64)
     arr = np.empty(nc, dtype=np.int64)
     for t in range(nc):
-        cls[t] = 0 if ocls[t] == 0 else 1
+        # microbatch units: the documents read this step (class 3) after the waiting ones
+        cls[t] = 0 if ocls[t] == 0 else (2 if not rank_units and ocls[t] == 3 else 1)
         arr[t] = parr[order[t]]
     wmax = AHEAD_PER_BIN * n_bins + AHEAD_BASE
     bo = np.full(nc + wmax, -1, dtype=np.int64)
@@ -241,6 +302,14 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     for t in range(ntot):
         if bo[t] >= 0:
             bcost[bo[t]] += costs[all_items[t]]
+    if not rank_units:
+        lc = np.zeros(n_bins)  # LPT's microbatch costs, summed in item order
+        for t in range(nc):
+            if bin_of[t] >= 0:
+                lc[bin_of[t]] += costs[items[t]]
+        if not _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m):
+            return False, bo, bt, bn, fi[:0], fe[:0]
+        return True, bo, bt, bn, fi[:na], fe[:na]
     rank = np.empty(n_bins, dtype=np.int64)
     _bins_to_ranks(bcost, dp, rank)
     r_lpt = np.zeros(dp)
@@ -251,14 +320,8 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     for t in range(ntot):
         if bo[t] >= 0:
             r_new[rank[bo[t]]] += costs[all_items[t]]
-    # more tokens, the costliest rank no further above the mean rank than LPT's (sums in rank
-    # order, as the plain reference does)
-    s_lpt = 0.0
-    s_new = 0.0
-    for r in range(dp):
-        s_lpt += r_lpt[r]
-        s_new += r_new[r]
-    if not r_new.max() * s_lpt <= r_lpt.max() * s_new:
+    # more tokens, the costliest rank no further above the mean rank than LPT's
+    if not _no_further_above(r_new, r_lpt):
         return False, bo, bt, bn, fi[:0], fe[:0]
     new_bin = np.empty(n_bins, dtype=np.int64)
     used = np.zeros(dp, dtype=np.int64)

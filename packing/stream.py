@@ -235,9 +235,10 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     capacity, a step whose packing leaves more than 0.25% of its capacity empty (heavy items the
     budget counted that do not fill its microbatches, as in the first steps of a heavy-tailed
     epoch, where the look-ahead reads heavy items early) reads fresh items of the holes' weight
-    and is packed again, once; with whole-rank units a step still left with holes is also packed
-    for tokens first, its holes filled with light items read ahead of their turn, and keeps that
-    when it holds more tokens at no worse balance (:mod:`packing.balanced_fill`). The step is packed with LPT on cost under
+    and is packed again, once; a step still left with holes is also packed for tokens first,
+    its holes filled with light items read ahead of their turn, and keeps that when it holds
+    more tokens at no worse balance (microbatch units: and no more waiting tokens left behind;
+    :mod:`packing.balanced_fill`). The step is packed with LPT on cost under
     the token capacity (:mod:`packing.steppack`), items at their deadline first, then scheduled
     lumps, then light items oldest first. Units are microbatches (``rank_units=False``; then
     spread over ranks by a balanced equal-count partition) or whole DP ranks (``rank_units=True``,

@@ -4,7 +4,7 @@ nothing from production code: the outlier scheduler and the step assembly are th
 :mod:`tests.naive.core` and :mod:`tests.naive.steps`."""
 import numpy as np
 
-from tests.naive.core import kk_equal, lpt_equal, refine_swaps, schedule_lumps
+from tests.naive.core import balanced_equal, kk_equal, lpt_equal, refine_swaps, schedule_lumps
 from tests.naive.steps import (Steps, check_common, fill_empty_bins, finish_bins, finish_tail,
                                lpt_bins, pack_exact)
 
@@ -49,14 +49,48 @@ def bins_to_ranks(costs, dp, rounds=8):
     return [int(g) for g in (b if largest(b) < largest(a) else a)]
 
 
+def keep_microbatches(cls, lpt_placed, bo, lpt_cost, new_cost, sizes, cand, dp):
+    """Whether a microbatch unit's step keeps its token-first packing (``bo``, microbatch costs
+    ``new_cost``) over LPT's (``lpt_placed``, costs ``lpt_cost``): no more tokens
+    of waiting candidates (class 0 or 2) left unplaced, its costliest microbatch no further
+    above the mean, and with dp > 1 its costliest rank no further above the mean rank after the
+    balanced split of the microbatches over ranks."""
+    nc = len(cand)
+    placed = set(lpt_placed)
+    waiting = [t for t in range(nc) if cls[t] in (0, 2)]
+    left_lpt = sum(int(sizes[cand[t]]) for t in waiting if t not in placed)
+    left_new = sum(int(sizes[cand[t]]) for t in waiting if bo[t] < 0)
+    if left_new > left_lpt:
+        return False
+
+    def total(xs):
+        acc = 0.0
+        for x in xs:
+            acc += x
+        return acc
+    if not max(new_cost) * total(lpt_cost) <= max(lpt_cost) * total(new_cost):
+        return False
+    if dp == 1:
+        return True
+    sums = []
+    for c in (lpt_cost, new_cost):
+        r = [0.0] * dp
+        for b, g in enumerate(balanced_equal(c, dp)):
+            r[g] += c[b]
+        sums.append(r)
+    return max(sums[1]) * total(sums[0]) <= max(sums[0]) * total(sums[1])
+
+
 def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is_lump, pos,
-                budget, max_advance, read_ahead, dp, m, capacity):
+                budget, max_advance, read_ahead, dp, m, capacity, rank_units=True):
     """The token-first packing of a step LPT left with holes (``packing.balanced_fill``):
     best fit of the candidates ``cand`` (deadline ones largest first, then those over half the
-    capacity oldest first, then the rest largest first), the holes filled from the light items
-    ahead of ``pos`` (when ``read_ahead``), the bins to ranks by the balanced partition of
+    capacity oldest first, then the rest largest first; with microbatch units those read this
+    step, class 3, after the others), the holes filled from the light items ahead of ``pos``
+    (when ``read_ahead``); whole-rank units: the bins to ranks by the balanced partition of
     their costs. Returns None (LPT's packing stands) or (bins of the candidates then of the
-    items read ahead, ranks' bins consecutive; the items read ahead; their steps early)."""
+    items read ahead, with whole-rank units ranks' bins consecutive; the items read ahead;
+    their steps early)."""
     nb = dp * m
     nc = len(cand)
 
@@ -66,7 +100,7 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
             return (0, 0, capacity - s, t)
         if 2 * s > capacity:
             return (1, int(arr[t]), capacity - s, t)
-        return (2, 0, capacity - s, t)
+        return (3 if not rank_units and cls[t] == 3 else 2, 0, capacity - s, t)
     room = [capacity] * nb
     rooms = _Rooms()
     for b in range(nb):
@@ -118,6 +152,13 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
     bcost = [0.0] * nb
     for t in placed:
         bcost[bo[t]] += costs[items[t]]
+    if not rank_units:
+        lc = [0.0] * nb
+        for k, b in zip(lpt_placed, lpt_b_of):
+            lc[b] += costs[cand[k]]
+        if not keep_microbatches(cls, lpt_placed, bo, lc, bcost, sizes, cand, dp):
+            return None
+        return bo, fill, est
     rank = bins_to_ranks(bcost, dp)
     r_lpt, r_new = [0.0] * dp, [0.0] * dp
     for k, b in zip(lpt_placed, lpt_b_of):
@@ -148,9 +189,10 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     the next ``max_delay + 1`` steps, seeing the lumps that will arrive (``lookahead``), so that
     lumps share steps with similar ones; an item is never held more than ``max_delay`` steps.
     With a token budget of the whole capacity, a step whose packing leaves more than 0.25% of
-    its capacity empty reads fresh items of the holes' weight and is packed again, once; with
-    whole-rank units a step still left with holes is also packed for tokens first
-    (:func:`token_first`) and keeps that when it holds more tokens at no worse balance.
+    its capacity empty reads fresh items of the holes' weight and is packed again, once; a step
+    still left with holes is also packed for tokens first (:func:`token_first`) and keeps that
+    when it holds more tokens at no worse balance (microbatch units: and no more waiting
+    tokens left behind, :func:`keep_microbatches`).
     The step is packed with LPT on cost under the token capacity (``pack_step``), items at their
     deadline first, then scheduled lumps, then light items oldest first. Units are microbatches
     (``rank_units=False``; then spread over ranks by balanced equal-count partition) or whole DP
@@ -322,7 +364,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             now = np.concatenate([now, np.zeros(rd.shape[0], bool)])
         if to_tail:
             break  # the tail takes what is left
-        if (rank_units and topup and dp > 1 and capacity <= 1 << 22
+        if (topup and (dp > 1 or not rank_units) and capacity <= 1 << 22
                 and hole * 400 > dp * m * capacity):
             placed, b_of, rest = lpt_bins(cand, sizes, costs, dp, m, capacity, rank_units)
             untaken = ~is_lump[pos:] & ~taken[pos:]
@@ -330,7 +372,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
                           > (max_delay + max_advance + 1) * budget)
             tf = token_first(cand, cls[o], (arr[cand_idx]), placed, b_of, sizes, costs, w, taken,
                              is_lump, pos, max(budget, 1), max_advance, read_ahead, dp, m,
-                             capacity)
+                             capacity, rank_units)
             if tf is not None:
                 bins, fill, est = tf
                 fill = np.asarray(fill, dtype=np.int64)

@@ -275,6 +275,30 @@ def test_token_first_steps_equal_the_reference(adv, scale):
     assert (a.entry_delay[light[a.entry_item]] < 0).sum() > 50  # light items were read ahead
 
 
+@pytest.mark.parametrize("dp,pp", [(4, 1), (1, 1), (2, 2)])
+@pytest.mark.parametrize("scale", [4096, 65536])
+def test_token_first_steps_of_microbatch_units_equal_the_reference(dp, pp, scale):
+    # Microbatch units (pipeline stages, or ranks in lockstep after every microbatch) try the
+    # token-first step too, kept only when no less balanced and leaving no more waiting tokens
+    # behind (packing.balanced_fill._keep_microbatches).
+    rng = np.random.default_rng(13)
+    cap = 4096
+    sizes = rng.integers(1, cap + 1, 3000).astype(np.int64)
+    costs = 3 * (sizes + sizes.astype(float) ** 2 / scale)
+    m = 4 if dp > 1 else 8
+    kw = dict(rank_units=False, max_advance=12, tail="carry", pp=pp)
+    a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+    b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    every = np.sort(np.concatenate([a.entry_item, a.leftover]))
+    assert np.array_equal(every, np.arange(sizes.shape[0]))
+    assert a.entry_delay.max() <= 4 and a.entry_delay.min() >= -12
+    cpt = naive_balanced.reference_cost_per_token(sizes, costs)
+    light = (costs - sizes * cpt) <= 0.02 * cap * cpt
+    assert (a.entry_delay[light[a.entry_item]] < 0).sum() > 20  # light items were read ahead
+
+
 def test_token_first_steps_leave_huge_capacities_to_lpt():
     # The token-first step's best fit keeps a count tree over rooms 0..capacity; above
     # binpack.BFD_MAX_CAPACITY (4M tokens) that would be gigabytes a step, so those steps keep
