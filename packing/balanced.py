@@ -36,13 +36,15 @@ LONG_TOPUP_STEPS = 2
 @kernel
 def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget, max_delay,
                           rank_units, lump_tol, lookahead, max_advance, delay_penalty, pp,
-                          topup, entry_item, entry_delay):
+                          topup, lockstep, entry_item, entry_delay):
     """Fill ``entry_item``/``entry_delay`` (preallocated, length n); returns (entries written,
     mb_counts int64[M], step_mbs int64[S], pool items left for the tail, their arrival steps).
     ``lump_budget``: the most weight of heavy items a step takes, up to the one crossing it
     (the step budget when it is below the step's capacity, else unbounded). ``topup``: a step
     whose packing leaves more than 0.25% of its capacity empty reads fresh items of that weight
-    and is packed again (token budgets of the whole capacity only)."""
+    and is packed again (token budgets of the whole capacity only). ``lockstep``: microbatch
+    units whose ranks wait for each other after every microbatch (pp 1), placed for the least
+    lockstep time (``balanced_step._bin_positions``)."""
     n = sizes.shape[0]
     if rank_units:
         n_units = dp
@@ -425,7 +427,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 adopt, bo, bt, bn, fi, fe = _token_first(
                     items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos,
                     max(budget, 1), max_advance, read_ahead, dp, m, capacity, bin_of, tok,
-                    rank_units)
+                    rank_units, lockstep)
                 if adopt:
                     for a in range(fi.shape[0]):
                         ahead_w += w[fi[a]]
@@ -444,9 +446,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             # (bin_cost summed afresh there when an exchange is made)
             _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capacity,
                         np.float64(SWAP_TOL), 2 * dp + 8, bin_cost)
-        # final microbatch order (rank-major, cost descending inside a rank, 1F1B with pp > 1)
-        # and the step's entries
-        _bin_positions(bin_cost, dp, m, rank_units, pp, scratch)
+        # final microbatch order (rank-major, cost descending inside a rank, 1F1B with pp > 1;
+        # in lockstep by cost, dp to a position) and the step's entries
+        _bin_positions(bin_cost, dp, m, rank_units, pp, scratch, lockstep)
         mb_counts = _grow(mb_counts, nmb + n_bins)
         step_mbs = _grow(step_mbs, step + 1)
         placed = np.zeros(np_, dtype=np.bool_)

@@ -44,7 +44,7 @@ import numpy as np
 
 from ._jit import kernel
 from .balanced_pool import _grow_pool, _pool_add
-from .balanced_step import _fill_empty_bins, _rank_of_bins
+from .balanced_step import _fill_empty_bins, _lockstep_time, _rank_of_bins
 from .binpack import _first_at_or_after, _tree_add
 from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 
@@ -202,28 +202,37 @@ def _bins_to_ranks(bcost, dp, rank):
 
 
 @kernel
-def _no_further_above(new, old):
-    """Whether the largest of the loads ``new`` is no further above their mean than the largest
-    of ``old`` is above theirs (float64 arrays of one length; sums in index order, as the plain
-    reference takes them, so both decide alike)."""
+def _top_no_further_above(top_new, new, top_old, old):
+    """Whether ``top_new`` is no further above the mean of the loads ``new`` than ``top_old``
+    is above the mean of ``old`` (float64 arrays of one length; sums in index order, as the
+    plain reference takes them, so both decide alike)."""
     s_old = 0.0
     s_new = 0.0
     for k in range(old.shape[0]):
         s_old += old[k]
         s_new += new[k]
-    return new.max() * s_old <= old.max() * s_new
+    return top_new * s_old <= top_old * s_new
 
 
 @kernel
-def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m):
+def _no_further_above(new, old):
+    """Whether the largest of the loads ``new`` is no further above their mean than the largest
+    of ``old`` is above theirs."""
+    return _top_no_further_above(new.max(), new, old.max(), old)
+
+
+@kernel
+def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m, lockstep):
     """Whether a microbatch unit's step keeps its token-first packing (bins ``bo`` of the
     candidates ``items[:len(bin_of)]`` and the items read ahead; microbatch costs ``bcost``)
     over LPT's (``bin_of``, microbatch costs ``lc``): no more tokens of waiting candidates
-    (``ocls`` 0 or 2: at their deadline or read in an earlier step) left unplaced, its
-    costliest microbatch no further above the mean than LPT's, and with dp > 1 its costliest
-    rank no further above the mean rank after the split of the microbatches over ranks
-    (``balanced_step._rank_of_bins``, the split the step then gets). Sums in bin and rank
-    order, as the plain reference takes them."""
+    (``ocls`` 0 or 2: at their deadline or read in an earlier step) left unplaced, and no less
+    balanced. ``lockstep`` (ranks that wait for each other after every microbatch): its
+    lockstep time (``balanced_step._lockstep_time``, the placement the step then gets) no
+    further above the mean rank's cost than LPT's. Otherwise its costliest microbatch no
+    further above the mean than LPT's, and with dp > 1 its costliest rank no further above the
+    mean rank after the split of the microbatches over ranks (``balanced_step._rank_of_bins``,
+    the split the step then gets)."""
     nb = dp * m
     left_lpt = 0
     left_new = 0
@@ -235,6 +244,9 @@ def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m):
                 left_new += sizes[items[t]]
     if left_new > left_lpt:
         return False
+    if lockstep:
+        return _top_no_further_above(_lockstep_time(bcost, dp), bcost, _lockstep_time(lc, dp),
+                                     lc)
     if not _no_further_above(bcost, lc):
         return False
     if dp == 1:
@@ -253,12 +265,14 @@ def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m):
 
 @kernel
 def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos, budget,
-                 max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens, rank_units):
+                 max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens, rank_units,
+                 lockstep):
     """The token-first packing of a step whose LPT packing (``bin_of``: bin of ``items[t]``,
     -1 not placed; ``lpt_tokens`` its tokens) left holes. ``items``/``order``/``ocls``: the
     step's candidates, their pool slots and priority classes; ``read_ahead``: whether the holes
     may be filled from the stream ahead of ``pos``; ``rank_units``: whole-rank units (else
-    microbatch units). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
+    microbatch units; ``lockstep``: their ranks wait for each other after every microbatch,
+    :func:`_keep_microbatches`). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
     candidate, then of every item read ahead; with whole-rank units ranks' bins consecutive),
     ``bin_tokens, bin_count, ahead items, their steps early)``; with ``adopt`` False the step
     keeps LPT's packing and nothing is read ahead."""
@@ -307,7 +321,7 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
         for t in range(nc):
             if bin_of[t] >= 0:
                 lc[bin_of[t]] += costs[items[t]]
-        if not _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m):
+        if not _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m, lockstep):
             return False, bo, bt, bn, fi[:0], fe[:0]
         return True, bo, bt, bn, fi[:na], fe[:na]
     rank = np.empty(n_bins, dtype=np.int64)

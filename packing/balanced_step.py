@@ -78,15 +78,42 @@ def _rank_of_bins(bin_cost, dp, m, rank_units, rank_out):
 
 
 @kernel
-def _bin_positions(bin_cost, dp, m, rank_units, pp, sc):
+def _lockstep_time(bin_cost, dp):
+    """The least lockstep time of a step's microbatch costs ``bin_cost`` (float64[dp * m]) over
+    ``dp`` ranks: the sum over positions of the costliest microbatch there, with the
+    microbatches by cost descending taken ``dp`` to a position (the placement of
+    :func:`_bin_positions` with ``lockstep``). Summed in position order."""
+    key = np.empty(bin_cost.shape[0])
+    for b in range(bin_cost.shape[0]):
+        key[b] = -bin_cost[b]
+    ob = np.argsort(key, kind="mergesort")
+    t = 0.0
+    for q in range(0, ob.shape[0], dp):
+        t += bin_cost[ob[q]]
+    return t
+
+
+@kernel
+def _bin_positions(bin_cost, dp, m, rank_units, pp, sc, lockstep):
     """Final position of every bin into ``sc.pos``: rank-major, by cost descending inside a
-    rank (then the 1F1B-friendly order with pp > 1)."""
+    rank (then the 1F1B-friendly order with pp > 1). ``lockstep`` (microbatch units, pp 1:
+    the ranks wait for each other after every microbatch, so a step takes the sum over
+    positions of the costliest microbatch there): the microbatches by cost descending, ``dp``
+    to a position, over the ranks in snake order; that sum is then the least any placement of
+    these microbatches gives."""
     n_bins = dp * m
-    _rank_of_bins(bin_cost, dp, m, rank_units, sc.rank_of)
     key = np.empty(n_bins)
     for b in range(n_bins):
         key[b] = -bin_cost[b]
     ob = np.argsort(key, kind="mergesort")
+    if lockstep:
+        for q in range(n_bins):
+            j = q // dp
+            k = q - j * dp
+            rr = k if j % 2 == 0 else dp - 1 - k
+            sc.pos[ob[q]] = rr * m + j
+        return
+    _rank_of_bins(bin_cost, dp, m, rank_units, sc.rank_of)
     # bins of every rank in ``ob`` order (a counting sort by rank; m bins per rank)
     for rr in range(dp):
         sc.rank_fill[rr] = 0

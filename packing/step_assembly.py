@@ -85,12 +85,21 @@ def _fill_empty_bins(bin_of, costs_k, bin_count):
 
 
 def _order_bins(bin_cost, dp: int, m: int, rank_units: bool, balance: bool,
-                pp: int = 1) -> np.ndarray:
+                pp: int = 1, lockstep: bool = False) -> np.ndarray:
     """Final position of every bin: rank-major, microbatches of a rank by cost, descending
     (then, with ``balance`` and pp > 1, in the 1F1B-friendly order of
     :func:`packing.pipeline.pipeline_order`). With microbatch units the bins are first spread
-    over ranks (equal counts, balanced cost)."""
+    over ranks (equal counts, balanced cost); with ``lockstep`` (the ranks wait for each other
+    after every microbatch) they go by cost descending, ``dp`` to a position, over the ranks in
+    snake order (``balanced_step._bin_positions``: the least lockstep time)."""
     n_bins = dp * m
+    if lockstep:
+        ob = np.argsort(-bin_cost, kind="stable")
+        q = np.arange(n_bins)
+        j, k = q // dp, q % dp
+        pos = np.empty(n_bins, dtype=np.int64)
+        pos[ob] = np.where(j % 2 == 0, k, dp - 1 - k) * m + j
+        return pos
     if rank_units or dp == 1:
         rank = np.arange(n_bins) // m
     elif balance:
@@ -114,7 +123,8 @@ def _assemble(items, bin_of, n_bins, pos_of_bin):
     return items[o], np.bincount(key, minlength=n_bins), o
 
 
-def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
+def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1,
+                lockstep=False):
     """Pack ``items`` (priority order) into exactly dp*m microbatches. Returns
     (emitted items in final order, mb_counts, index into ``items`` of each emitted one,
     index of the ones that did not fit)."""
@@ -137,24 +147,30 @@ def _pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1)
         count = np.bincount(b, minlength=dp * m).astype(np.int64)
         if rank_swaps(items[placed], sizes, costs, b, tokens, count, dp, m, capacity) > 0:
             bin_cost = np.bincount(b, weights=costs[items[placed]], minlength=dp * m)
-    pos = _order_bins(bin_cost, dp, m, rank_units, balance, pp)
+    pos = _order_bins(bin_cost, dp, m, rank_units, balance, pp, lockstep)
     out, counts, o = _assemble(items[placed], b, dp * m, pos)
     return out, counts, placed[o], rest
 
 
-def _step_times(out, counts, costs, dp, m, rank_units):
+def _step_times(out, counts, costs, dp, m, rank_units, lockstep=False):
     """What a step of ``dp x m`` microbatches (``out``/``counts`` as :func:`_pack_exact` returns
     them) costs, by every measure a plan is judged on: the slowest rank's sum; with microbatch
-    units also the lockstep time (the sum over microbatch positions of the slowest rank there).
-    With pp > 1 more microbatches shorten the 1F1B bubble: not balance, not compared here."""
+    units also the lockstep time (the sum over microbatch positions of the slowest rank there);
+    with ``lockstep`` (the ranks meet after every microbatch, so rank sums do not count) that
+    time alone. With pp > 1 more microbatches shorten the 1F1B bubble: not balance, not
+    compared here."""
     c = np.add.reduceat(costs[out], np.concatenate(([0], np.cumsum(counts)[:-1]))).reshape(dp, m)
+    lock = float(c.max(axis=0).sum())
+    if lockstep:
+        return [lock]
     t = [float(c.sum(axis=1).max())]
     if not rank_units:
-        t.append(float(c.max(axis=0).sum()))
+        t.append(lock)
     return t
 
 
-def _pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
+def _pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1,
+                 lockstep=False):
     """Pack ``items`` (priority order) into the fewest microbatches per rank, at most ``m_hi``,
     that take all of them (from the token lower bound up), so a short final step gets only the
     microbatches it needs; when even ``m_hi`` cannot take all, ``m_hi`` and the rest as
@@ -163,23 +179,24 @@ def _pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, p
     packed to the brim leaves no room to balance cost: fewer microbatches must never cost
     balance). Returns ``(mm, out, counts, idx, rest)``."""
     need = -(-int(sizes[items].sum()) // (dp * capacity))
-    full = _pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp)
+    full = _pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp,
+                       lockstep)
     limit = None
     if balance:
         limit = [t * (1 + 1e-9) for t in _step_times(full[0], full[1], costs, dp, m_hi,
-                                                      rank_units)]
+                                                      rank_units, lockstep)]
     for mm in range(max(1, min(need, m_hi)), m_hi):
         out, counts, idx, rest = _pack_exact(items, sizes, costs, dp, mm, capacity, rank_units,
-                                             balance, pp)
+                                             balance, pp, lockstep)
         if rest.shape[0] == 0:
             if limit is None or all(t <= u for t, u in zip(
-                    _step_times(out, counts, costs, dp, mm, rank_units), limit)):
+                    _step_times(out, counts, costs, dp, mm, rank_units, lockstep), limit)):
                 return mm, out, counts, idx, rest
     return (m_hi,) + full
 
 
 def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail, rank_units,
-                 balance, pp=1):
+                 balance, pp=1, lockstep=False):
     """Emit the items left when the stream is exhausted; every rank keeps the same number of
     microbatches, only as many as the items need (:func:`_pack_fewest`). Fewer items than DP
     ranks are merged into the previous step (tail='partial') or returned as leftover ('carry',
@@ -226,7 +243,7 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                 order = np.lexsort((-costs[pool], -pool_delay))
                 pool, pool_delay, arr = pool[order], pool_delay[order], arr[order]
                 out, counts, idx, rest = _pack_exact(pool, sizes, costs, dp, prev_m, capacity,
-                                                     rank_units, balance, pp)
+                                                     rank_units, balance, pp, lockstep)
                 if rest.shape[0] == 0:
                     emit(out, counts, arr[idx])
                     return np.zeros(0, np.int64)
@@ -242,7 +259,7 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
                     f"the last {pool.shape[0]} items fit neither one step of {dp} ranks x "
                     f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
             out, counts, idx, rest = _pack_exact(body, sizes, costs, dp, m1, capacity,
-                                                 rank_units, balance, pp)
+                                                 rank_units, balance, pp, lockstep)
             emit(out, counts, body_arr[idx])
             pool = np.concatenate([body[rest], pool[~keep]])
             pool_delay = np.concatenate([body_delay[rest], pool_delay[~keep]]) + 1
@@ -251,7 +268,7 @@ def _finish_tail(builder, pool, pool_delay, sizes, costs, dp, m, capacity, tail,
         order = np.lexsort((-costs[pool], -pool_delay))
         pool, pool_delay, arr = pool[order], pool_delay[order], arr[order]
         _, out, counts, idx, rest = _pack_fewest(pool, sizes, costs, dp, mm, capacity,
-                                                 rank_units, balance, pp)
+                                                 rank_units, balance, pp, lockstep)
         emit(out, counts, arr[idx])
         pool, pool_delay, arr = pool[rest], pool_delay[rest] + 1, arr[rest]
     return np.zeros(0, np.int64)

@@ -222,7 +222,7 @@ def plan_kk_tokens(sizes, costs, dp, m, capacity, budget, tail="partial", max_it
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
                   rank_units=False, lump_tol=0.02, lookahead=True, max_advance=0,
-                  delay_penalty=0.002, tail="partial", pp=1):
+                  delay_penalty=0.002, tail="partial", pp=1, lockstep=False):
     """Cost-balanced packing with bounded outlier delay.
 
     Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
@@ -243,7 +243,9 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     lumps, then light items oldest first. Units are microbatches (``rank_units=False``; then
     spread over ranks by a balanced equal-count partition) or whole DP ranks (``rank_units=True``,
     when only per-rank sums matter); with ``pp > 1`` a rank's microbatches are put in a
-    1F1B-friendly order. With ``max_advance > 0`` a lump the look-ahead schedules
+    1F1B-friendly order; ``lockstep`` (microbatch units, pp 1, ranks that wait for each other
+    after every microbatch): microbatches by cost descending, dp to a position, for the least
+    lockstep time. With ``max_advance > 0`` a lump the look-ahead schedules
     for now is read up to that many steps before its turn (its delay is recorded as minus the
     steps it was read early), so heavy samples can meet partners from both sides of their
     position. The loop is compiled (:mod:`packing.balanced`); a plain
@@ -252,6 +254,10 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     if max_delay < 1:
         raise ValueError(f"max_delay {max_delay} must be >= 1: an item that does not fit its "
                          "step's capacity moves to the next step")
+    if lockstep and (rank_units or pp > 1):
+        raise ValueError("lockstep=True places microbatch units of a single pipeline stage: "
+                         f"it needs rank_units=False and pp == 1 (got rank_units={rank_units}, "
+                         f"pp={pp})")
     from .balanced import _plan_balanced_kernel
     n = sizes.shape[0]
     sizes = np.ascontiguousarray(sizes, dtype=np.int64)
@@ -266,7 +272,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         sizes, costs, w, np.int64(dp), np.int64(m), np.int64(capacity), np.int64(budget),
         np.int64(lump_budget), np.int64(max_delay), bool(rank_units), float(lump_tol), bool(lookahead),
         np.int64(max_advance if lookahead else 0), float(delay_penalty), np.int64(pp),
-        bool(weights is None and budget >= dp * m * capacity), entry_item, entry_delay)
+        bool(weights is None and budget >= dp * m * capacity), bool(lockstep), entry_item,
+        entry_delay)
     if rest.shape[0] == 0:  # the kernel emitted every item: no tail to finish, no re-split
         offsets = np.zeros(mb_counts.shape[0] + 1, dtype=np.int64)
         np.cumsum(mb_counts, out=offsets[1:])
@@ -280,5 +287,5 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         builder.step_mbs = step_mbs.tolist()
     steps = int(step_mbs.shape[0])
     leftover = _finish_tail(builder, rest, (steps - rest_arr).astype(np.int32), sizes, costs,
-                            dp, m, capacity, tail, rank_units, True, pp)
+                            dp, m, capacity, tail, rank_units, True, pp, lockstep)
     return builder.finish(leftover)

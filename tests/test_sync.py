@@ -63,17 +63,27 @@ def test_default_layout_dumps_as_before():
         Layout(dp=2, capacity=8, sync_mode="step")  # unknown keys stay errors
 
 
-def test_auto_with_microbatch_sync_is_balance_microbatch():
+def test_auto_with_microbatch_sync_balances_microbatches_placed_for_lockstep():
+    """sync='microbatch' balances every microbatch (as balance='microbatch' does), and since
+    2026-12-07 places a step's microbatches for the least lockstep time: by cost, dp to a
+    position. balance='microbatch' under sync='step' keeps the balanced split over ranks (its
+    ranks meet once a step, so their sums count), so the two plans are no longer the same."""
     lengths = workloads.synthetic("lognormal-4k", n=3000, seed=1)
     s = SampleTable(lengths)
     lay = Layout(dp=4, microbatches=4, capacity=32768)
-    a = plan_epoch(s, COST, lay.model_copy(update={"sync": "microbatch"}),
-                   PlannerConfig(over_length="chunk"))
-    b = plan_epoch(s, COST, lay, PlannerConfig(over_length="chunk", balance="microbatch"))
+    mb_sync = lay.model_copy(update={"sync": "microbatch"})
+    assert not rank_units(mb_sync, PlannerConfig())
+    a = plan_epoch(s, COST, mb_sync, PlannerConfig(over_length="chunk"))
     c = plan_epoch(s, COST, lay, PlannerConfig(over_length="chunk"))
-    assert np.array_equal(a.entry_sample, b.entry_sample)
-    assert np.array_equal(a.mb_offsets, b.mb_offsets)
     assert a.fingerprint() != c.fingerprint()  # the layout (and the plan) differ
+    f, b = COST.doc_costs(a.entry_length)
+    mb = np.add.reduceat(f + b, a.mb_offsets[:-1])
+    so = a.step_offsets
+    for st_ in range(a.n_steps):
+        x = mb[so[st_]:so[st_ + 1]].reshape(4, int(a.step_mbs[st_]))
+        # every position's costliest microbatch is the least it can be: the k-th of every dp
+        assert np.array_equal(np.sort(x.max(axis=0))[::-1], np.sort(x.ravel())[::-1][::4])
+    assert lockstep_imbalance(a, COST).mean() < lockstep_imbalance(c, COST).mean()
 
 
 @given(lengths=st.lists(st.integers(1, 900), min_size=8, max_size=160),

@@ -10,8 +10,10 @@
 
 :func:`lockstep_imbalance` measures the second: per step, ``sum_k max_r cost[r, k]`` over the
 mean per-rank cost ``sum cost / dp`` (1.0 = no rank ever waits at a microbatch boundary).
-:func:`rank_sum_imbalance` is the first (max / mean of per-rank sums; ``dp_imbalance`` of
-:func:`balancer.report.metrics.step_metrics` when pp == 1).
+:func:`rank_sum_imbalance` is the first (max / mean of per-rank sums). ``dp_imbalance`` of
+:func:`balancer.report.metrics.step_metrics` follows the layout: the first with pp == 1 and
+``sync="step"``, the second with ``sync="microbatch"`` (and ``balanced`` places a lockstep
+step's microbatches for the least such time).
 """
 from __future__ import annotations
 

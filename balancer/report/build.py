@@ -73,13 +73,13 @@ def analyze(plan: Plan, cost: CostModel, lengths: np.ndarray | None,
     block["prediction_max_rel_error"] = metrics.prediction_error(plan, cost, mbc)
     sm = metrics.step_metrics(plan, cost)
     times, bubble = metrics.pipeline_times(plan, cost, costs=mbc)
-    step_time = times.max(axis=1)
+    step_time = sm["step_time"]  # the slowest rank's time, or the lockstep time (FSDP, ZeRO-3)
     spc = metrics.seconds_per_cost(cost)
     # a stage's cost is shared by cp GPUs: seconds of a step = cost / cp * seconds per cost
     to_s = (lambda x: np.asarray(x) / plan.layout.cp * spc) if spc is not None else None
     block["est_step_time"] = metrics.summarize(step_time)
     block["est_step_seconds"] = metrics.summarize(to_s(step_time)) if to_s else None
-    block["gpu_time"] = metrics.gpu_time(times, bubble, plan.layout, cost)
+    block["gpu_time"] = metrics.gpu_time(times, bubble, plan.layout, cost, step_time)
     block["dp_idle_time_per_step"] = metrics.summarize(sm["idle_time"])
     order = {"planned_total": float(step_time.sum())}
     if plan.layout.pp > 1:

@@ -83,8 +83,32 @@ def _layered_shard_attention(lengths: np.ndarray, cp: int, cost: CostModel) -> n
     return work
 
 
+def lockstep(layout) -> bool:
+    """Whether the DP ranks of ``layout`` wait for each other after every microbatch with one
+    pipeline stage (``sync='microbatch'``: FSDP, ZeRO-3): a step then takes the sum over
+    microbatch positions of the costliest microbatch there, not the costliest rank's sum."""
+    return layout.sync == "microbatch" and layout.pp == 1 and layout.dp > 1
+
+
+def lockstep_times(plan: Plan, mb_cost: np.ndarray) -> np.ndarray:
+    """float64[S]: every step's ``sum_k max_r cost[r, k]`` (microbatch ``k`` of every rank in
+    lockstep) from the microbatch costs ``mb_cost`` (float64[M], the plan's order: rank-major
+    within a step)."""
+    out = np.zeros(plan.n_steps)
+    so = plan.step_offsets
+    dp = plan.layout.dp
+    for st in range(plan.n_steps):
+        c = mb_cost[so[st]:so[st + 1]].reshape(dp, int(plan.step_mbs[st]))
+        out[st] = c.max(axis=0).sum()
+    return out
+
+
 def step_metrics(plan: Plan, cost: CostModel) -> dict:
-    """Per-step arrays (float64[S]) of every metric, recomputed from entries and ``cost``."""
+    """Per-step arrays (float64[S]) of every metric, recomputed from entries and ``cost``.
+    ``step_time``: the slowest rank's time (1F1B simulated with pp > 1), or in lockstep
+    (:func:`lockstep`) the sum over microbatch positions of the costliest microbatch there;
+    ``dp_imbalance`` is the step time over the mean rank's; ``rank_time`` the ranks' own
+    (busy) times."""
     lay = plan.layout
     fwd, bwd = cost.doc_costs(plan.entry_length)
     cf, cb = cost.microbatch_constant
@@ -106,7 +130,8 @@ def step_metrics(plan: Plan, cost: CostModel) -> dict:
     else:
         times, bubble = rank_sum, np.zeros_like(rank_sum)
     slowest = times.argmax(axis=1)
-    dp_imb = times.max(axis=1) / times.mean(axis=1)
+    step_time = lockstep_times(plan, mb_c) if lockstep(lay) else times.max(axis=1)
+    dp_imb = step_time / times.mean(axis=1)
     ent_step = np.repeat(mb_step, np.diff(plan.mb_offsets))
     max_doc = np.zeros(steps)
     np.maximum.at(max_doc, ent_step, doc_c)
@@ -117,8 +142,8 @@ def step_metrics(plan: Plan, cost: CostModel) -> dict:
         "dp_imbalance": dp_imb,
         "pp_bubble_fraction": bubble[np.arange(steps), slowest],
         "lower_bound_ratio": rank_sum.max(axis=1) / lb,
-        "step_time": times.max(axis=1),
-        "idle_time": (times.max(axis=1, keepdims=True) - times).sum(axis=1),
+        "step_time": step_time,
+        "idle_time": (step_time[:, None] - times).sum(axis=1),
         "tokens": tokens,
         "samples": np.bincount(ent_step, minlength=steps),
         "microbatch_cost": mb_c,
@@ -331,9 +356,12 @@ def seconds_per_cost(cost: CostModel) -> float | None:
     return None
 
 
-def gpu_time(times: np.ndarray, bubble: np.ndarray, layout, cost: CostModel) -> dict:
+def gpu_time(times: np.ndarray, bubble: np.ndarray, layout, cost: CostModel,
+             step_time: np.ndarray | None = None) -> dict:
     """Where the GPU time of an epoch goes, from per-step per-rank pipeline ``times`` and
-    ``bubble`` fractions (float64[S, dp], as :func:`pipeline_times` returns).
+    ``bubble`` fractions (float64[S, dp], as :func:`pipeline_times` returns). ``step_time``
+    (float64[S]): how long each step lasts when that is not its slowest rank's time (in
+    lockstep, :func:`lockstep_times`); the ranks wait the rest (``dp_idle``).
 
     A DP rank holds ``pp x cp`` GPUs; a step lasts as long as its slowest rank. GPU time splits
     exactly into ``useful`` (the ranks' microbatch costs), ``pp_bubble`` (1F1B fill and drain
@@ -343,7 +371,10 @@ def gpu_time(times: np.ndarray, bubble: np.ndarray, layout, cost: CostModel) -> 
     pp = layout.pp
     spc = seconds_per_cost(cost)
     scale = spc if spc is not None else 1.0
-    tmax = times.max(axis=1, keepdims=True) if times.size else np.zeros((0, 1))
+    if step_time is not None:
+        tmax = np.asarray(step_time, dtype=np.float64)[:, None]
+    else:
+        tmax = times.max(axis=1, keepdims=True) if times.size else np.zeros((0, 1))
     total = float(pp * tmax.sum() * times.shape[1]) * scale
     dp_idle = float(pp * (tmax - times).sum()) * scale
     pp_bub = float(pp * (bubble * times).sum()) * scale

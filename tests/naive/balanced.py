@@ -49,10 +49,12 @@ def bins_to_ranks(costs, dp, rounds=8):
     return [int(g) for g in (b if largest(b) < largest(a) else a)]
 
 
-def keep_microbatches(cls, lpt_placed, bo, lpt_cost, new_cost, sizes, cand, dp):
+def keep_microbatches(cls, lpt_placed, bo, lpt_cost, new_cost, sizes, cand, dp, lockstep):
     """Whether a microbatch unit's step keeps its token-first packing (``bo``, microbatch costs
     ``new_cost``) over LPT's (``lpt_placed``, costs ``lpt_cost``): no more tokens
-    of waiting candidates (class 0 or 2) left unplaced, its costliest microbatch no further
+    of waiting candidates (class 0 or 2) left unplaced and no less balanced: with ``lockstep``
+    its least lockstep time (the costliest of every ``dp`` microbatches by cost, summed) no
+    further above the mean rank than LPT's; otherwise its costliest microbatch no further
     above the mean, and with dp > 1 its costliest rank no further above the mean rank after the
     balanced split of the microbatches over ranks."""
     nc = len(cand)
@@ -68,6 +70,11 @@ def keep_microbatches(cls, lpt_placed, bo, lpt_cost, new_cost, sizes, cand, dp):
         for x in xs:
             acc += x
         return acc
+    if lockstep:
+        def least_lockstep(c):
+            return total(sorted(c, reverse=True)[::dp])
+        return (least_lockstep(new_cost) * total(lpt_cost)
+                <= least_lockstep(lpt_cost) * total(new_cost))
     if not max(new_cost) * total(lpt_cost) <= max(lpt_cost) * total(new_cost):
         return False
     if dp == 1:
@@ -82,7 +89,8 @@ def keep_microbatches(cls, lpt_placed, bo, lpt_cost, new_cost, sizes, cand, dp):
 
 
 def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is_lump, pos,
-                budget, max_advance, read_ahead, dp, m, capacity, rank_units=True):
+                budget, max_advance, read_ahead, dp, m, capacity, rank_units=True,
+                lockstep=False):
     """The token-first packing of a step LPT left with holes (``packing.balanced_fill``):
     best fit of the candidates ``cand`` (deadline ones largest first, then those over half the
     capacity oldest first, then the rest largest first; with microbatch units those read this
@@ -156,7 +164,7 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
         lc = [0.0] * nb
         for k, b in zip(lpt_placed, lpt_b_of):
             lc[b] += costs[cand[k]]
-        if not keep_microbatches(cls, lpt_placed, bo, lc, bcost, sizes, cand, dp):
+        if not keep_microbatches(cls, lpt_placed, bo, lc, bcost, sizes, cand, dp, lockstep):
             return None
         return bo, fill, est
     rank = bins_to_ranks(bcost, dp)
@@ -180,7 +188,7 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
 
 def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=None,
                   rank_units=False, lump_tol=0.02, lookahead=True, max_advance=0,
-                  delay_penalty=0.002, tail="partial", pp=1):
+                  delay_penalty=0.002, tail="partial", pp=1, lockstep=False):
     """Cost-balanced packing with bounded outlier delay.
 
     Each step takes the items carried over plus fresh items up to ``budget`` (in ``weights``:
@@ -345,7 +353,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             o = np.lexsort((-costs[cand], cls))
             cand, cand_idx = cand[o], cand_idx[o]
             out, counts, idx, rest = pack_exact(cand, sizes, costs, dp, m, capacity, rank_units,
-                                                True, pp)
+                                                True, pp, lockstep)
             hole = dp * m * capacity - int(sizes[out].sum())
             if not topup or rnd == 1 or pos >= n or hole * 400 <= dp * m * capacity:
                 break
@@ -372,7 +380,7 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
                           > (max_delay + max_advance + 1) * budget)
             tf = token_first(cand, cls[o], (arr[cand_idx]), placed, b_of, sizes, costs, w, taken,
                              is_lump, pos, max(budget, 1), max_advance, read_ahead, dp, m,
-                             capacity, rank_units)
+                             capacity, rank_units, lockstep)
             if tf is not None:
                 bins, fill, est = tf
                 fill = np.asarray(fill, dtype=np.int64)
@@ -387,12 +395,12 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
                 rest = [t for t in range(len(bins)) if bins[t] < 0]
                 out, counts, idx, rest = finish_bins(cand, placed, [bins[t] for t in placed],
                                                      rest, sizes, costs, dp, m, capacity,
-                                                     rank_units, True, pp)
+                                                     rank_units, True, pp, lockstep)
         builder.emit(out, counts, delay[cand_idx[idx]].astype(np.int32))
         keep = np.ones(pool.shape[0], bool)
         keep[cand_idx[idx]] = False
         pool, arr = pool[keep], arr[keep]
         step += 1
     leftover = finish_tail(builder, pool, (step - arr).astype(np.int32), sizes, costs, dp, m,
-                           capacity, tail, rank_units, True, pp)
+                           capacity, tail, rank_units, True, pp, lockstep)
     return builder.finish(leftover)

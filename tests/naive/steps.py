@@ -154,11 +154,19 @@ def fill_empty_bins(bin_of, item_cost, count):
         count[b] += 1
 
 
-def bin_positions(bin_cost, dp, m, rank_units, balance, pp=1):
+def bin_positions(bin_cost, dp, m, rank_units, balance, pp=1, lockstep=False):
     """Final position of every bin: ranks in order, a rank's bins by cost descending (id on
     ties), then with ``balance`` and pp > 1 in the 1F1B order; bins of microbatch units go to
-    ranks by the balanced (``balance``) or LPT equal-count partition of their costs."""
+    ranks by the balanced (``balance``) or LPT equal-count partition of their costs. With
+    ``lockstep`` the bins by cost descending (id on ties) fill the positions in turn, ``dp`` to
+    a position, over the ranks left to right at even positions and right to left at odd ones."""
     n_bins = dp * m
+    if lockstep:
+        pos = [0] * n_bins
+        for q, b in enumerate(sorted(range(n_bins), key=lambda b: (-bin_cost[b], b))):
+            j, k = divmod(q, dp)
+            pos[b] = (k if j % 2 == 0 else dp - 1 - k) * m + j
+        return pos
     if rank_units or dp == 1:
         rank = [b // m for b in range(n_bins)]
     elif balance:
@@ -293,7 +301,8 @@ def rank_swaps(sz, cs, b_of, dp, m, capacity, tol=5e-3, rounds=None, top=8, trie
     return made
 
 
-def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
+def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1,
+               lockstep=False):
     """``items`` (priority order) into exactly dp*m microbatches. Returns (emitted items in final
     order, items per microbatch, index into ``items`` of each emitted one, index of the ones that
     did not fit). With ``balance``, whole-rank units and dp > 1 the step goes through
@@ -301,7 +310,7 @@ def pack_exact(items, sizes, costs, dp, m, capacity, rank_units, balance, pp=1):
     and the tail's)."""
     placed, b_of, rest = lpt_bins(items, sizes, costs, dp, m, capacity, rank_units)
     return finish_bins(items, placed, b_of, rest, sizes, costs, dp, m, capacity, rank_units,
-                       balance, pp)
+                       balance, pp, lockstep)
 
 
 def lpt_bins(items, sizes, costs, dp, m, capacity, rank_units):
@@ -317,7 +326,7 @@ def lpt_bins(items, sizes, costs, dp, m, capacity, rank_units):
 
 
 def finish_bins(items, placed, b_of, rest, sizes, costs, dp, m, capacity, rank_units, balance,
-                pp=1):
+                pp=1, lockstep=False):
     """The rest of :func:`pack_exact` from a packing (``placed``: indices into ``items``, ``b_of``
     their bins, ranks' bins consecutive): the exchanges, then the microbatch positions."""
     b_of = list(b_of)
@@ -327,7 +336,7 @@ def finish_bins(items, placed, b_of, rest, sizes, costs, dp, m, capacity, rank_u
     bin_cost = [0.0] * (dp * m)
     for k, b in zip(placed, b_of):
         bin_cost[b] += costs[items[k]]
-    pos = bin_positions(bin_cost, dp, m, rank_units, balance, pp)
+    pos = bin_positions(bin_cost, dp, m, rank_units, balance, pp, lockstep)
     final = sorted(range(len(placed)), key=lambda q: pos[b_of[q]])  # stable: placement order
     counts = [0] * (dp * m)
     for b in b_of:
@@ -337,28 +346,35 @@ def finish_bins(items, placed, b_of, rest, sizes, costs, dp, m, capacity, rank_u
             np.array(rest, dtype=np.int64))
 
 
-def step_times(out, counts, costs, dp, m, rank_units):
-    """The measures a step is judged on: slowest rank sum; lockstep time (microbatch units)."""
+def step_times(out, counts, costs, dp, m, rank_units, lockstep=False):
+    """The measures a step is judged on: slowest rank sum; lockstep time (microbatch units);
+    with ``lockstep`` the lockstep time alone."""
     c = np.add.reduceat(costs[out], np.concatenate(([0], np.cumsum(counts)[:-1]))).reshape(dp, m)
+    if lockstep:
+        return [float(c.max(axis=0).sum())]
     t = [float(c.sum(axis=1).max())]
     if not rank_units:
         t.append(float(c.max(axis=0).sum()))
     return t
 
 
-def pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1):
+def pack_fewest(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp=1,
+                lockstep=False):
     """The fewest microbatches per rank (from the token lower bound up to ``m_hi``) that take
     all of ``items`` and, with ``balance``, make a step no slower by any measure of
     :func:`step_times` than ``m_hi`` does; ``m_hi`` (with what does not fit) otherwise.
     Returns (mm, out, counts, idx, rest)."""
     tokens = sum(int(sizes[i]) for i in items)
-    full = pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp)
-    limit = [t * (1 + 1e-9) for t in step_times(full[0], full[1], costs, dp, m_hi, rank_units)]
+    full = pack_exact(items, sizes, costs, dp, m_hi, capacity, rank_units, balance, pp,
+                      lockstep)
+    limit = [t * (1 + 1e-9) for t in step_times(full[0], full[1], costs, dp, m_hi, rank_units,
+                                                 lockstep)]
     for mm in range(max(1, min(-(-tokens // (dp * capacity)), m_hi)), m_hi):
-        got = pack_exact(items, sizes, costs, dp, mm, capacity, rank_units, balance, pp)
+        got = pack_exact(items, sizes, costs, dp, mm, capacity, rank_units, balance, pp,
+                         lockstep)
         if len(got[3]) == 0 and (not balance or all(
-                t <= u for t, u in zip(step_times(got[0], got[1], costs, dp, mm, rank_units),
-                                       limit))):
+                t <= u for t, u in zip(step_times(got[0], got[1], costs, dp, mm, rank_units,
+                                                  lockstep), limit))):
             return (mm,) + got
     return (m_hi,) + full
 
@@ -423,7 +439,7 @@ def _place_in_room(steps, pool, delay, sizes, costs, capacity, rank_units):
 
 
 def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_units, balance,
-                pp=1):
+                pp=1, lockstep=False):
     """The items left when the stream is read: steps of the fewest microbatches per rank they
     need (at most m); fewer items than ranks either re-plan the previous step with them (all in
     it if they fit, else the dp cheapest held back for one more step of one microbatch per rank)
@@ -445,7 +461,7 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
         if mm > 0:
             pool, delay = _by_delay_then_cost(pool, delay, costs)
             _, out, counts, idx, rest = pack_fewest(pool, sizes, costs, dp, mm, capacity,
-                                                    rank_units, balance, pp)
+                                                    rank_units, balance, pp, lockstep)
             emit(out, counts)
             pool, delay = pool[rest], delay[rest] + 1
             continue
@@ -467,7 +483,7 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
             pool, delay = _by_delay_then_cost(np.concatenate([prev, pool]),
                                               np.concatenate([prev_delay, delay]), costs)
             out, counts, idx, rest = pack_exact(pool, sizes, costs, dp, prev_m, capacity,
-                                                rank_units, balance, pp)
+                                                rank_units, balance, pp, lockstep)
             if len(rest) == 0:
                 emit(out, counts)
                 return np.zeros(0, np.int64)
@@ -481,7 +497,7 @@ def finish_tail(steps, pool, delay, sizes, costs, dp, m, capacity, tail, rank_un
             raise ValueError(f"the last {len(pool)} items fit neither one step of {dp} ranks x "
                              f"{prev_m} microbatches nor two steps; use tail='carry' or 'drop'")
         out, counts, idx, rest = pack_exact(pool[body], sizes, costs, dp, m1, capacity,
-                                            rank_units, balance, pp)
+                                            rank_units, balance, pp, lockstep)
         emit(out, counts)
         pool = np.concatenate([pool[body][rest], pool[held]])
         delay = np.concatenate([delay[body][rest], delay[held]]) + 1

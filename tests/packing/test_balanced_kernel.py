@@ -275,9 +275,10 @@ def test_token_first_steps_equal_the_reference(adv, scale):
     assert (a.entry_delay[light[a.entry_item]] < 0).sum() > 50  # light items were read ahead
 
 
-@pytest.mark.parametrize("dp,pp", [(4, 1), (1, 1), (2, 2)])
+@pytest.mark.parametrize("dp,pp,lockstep", [(4, 1, False), (4, 1, True), (1, 1, False),
+                                             (2, 2, False)])
 @pytest.mark.parametrize("scale", [4096, 65536])
-def test_token_first_steps_of_microbatch_units_equal_the_reference(dp, pp, scale):
+def test_token_first_steps_of_microbatch_units_equal_the_reference(dp, pp, lockstep, scale):
     # Microbatch units (pipeline stages, or ranks in lockstep after every microbatch) try the
     # token-first step too, kept only when no less balanced and leaving no more waiting tokens
     # behind (packing.balanced_fill._keep_microbatches).
@@ -286,7 +287,7 @@ def test_token_first_steps_of_microbatch_units_equal_the_reference(dp, pp, scale
     sizes = rng.integers(1, cap + 1, 3000).astype(np.int64)
     costs = 3 * (sizes + sizes.astype(float) ** 2 / scale)
     m = 4 if dp > 1 else 8
-    kw = dict(rank_units=False, max_advance=12, tail="carry", pp=pp)
+    kw = dict(rank_units=False, max_advance=12, tail="carry", pp=pp, lockstep=lockstep)
     a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
     b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
     for f in a._fields:
@@ -297,6 +298,34 @@ def test_token_first_steps_of_microbatch_units_equal_the_reference(dp, pp, scale
     cpt = naive_balanced.reference_cost_per_token(sizes, costs)
     light = (costs - sizes * cpt) <= 0.02 * cap * cpt
     assert (a.entry_delay[light[a.entry_item]] < 0).sum() > 20  # light items were read ahead
+
+
+@pytest.mark.parametrize("tail", ["partial", "carry"])
+def test_lockstep_steps_are_placed_for_the_least_lockstep_time(tail):
+    # Ranks that wait for each other after every microbatch (FSDP, ZeRO-3) take, per step, the
+    # sum over positions of the costliest microbatch there. The balanced split over ranks with
+    # each rank's microbatches by cost left that 0.02-0.7% above the least any placement gives
+    # (the microbatches by cost, dp to a position), which lockstep placement now reaches on
+    # every step, the tail's included; the reference places them alike.
+    rng = np.random.default_rng(17)
+    cap = 4096
+    sizes = rng.integers(1, cap + 1, 2500).astype(np.int64)
+    costs = 3 * (sizes + sizes.astype(float) ** 2 / 4096)
+    dp, m = 4, 3
+    kw = dict(rank_units=False, max_advance=12, tail=tail, lockstep=True)
+    a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+    b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, **kw)
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    mb = np.add.reduceat(costs[a.entry_item], a.mb_offsets[:-1])
+    start = 0
+    for s_m in a.step_mbs:
+        c = mb[start:start + dp * s_m].reshape(dp, s_m)
+        start += dp * s_m
+        least = np.sort(c.ravel())[::-1][::dp]
+        assert np.array_equal(np.sort(c.max(axis=0))[::-1], least)
+    with pytest.raises(ValueError, match="lockstep"):
+        plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, 4, rank_units=True, lockstep=True)
 
 
 def test_token_first_steps_leave_huge_capacities_to_lpt():

@@ -126,6 +126,26 @@ def test_gpu_time_dp_wait_by_hand():
     assert metrics.gpu_time(times, bubble, plan.layout, tokens)["est_epoch_seconds"] is None
 
 
+def test_lockstep_step_time_by_hand():
+    # dp=2, pp=1, ranks in lockstep after every microbatch (sync='microbatch': FSDP, ZeRO-3):
+    # rank 0 runs microbatches of 3 x 1 then 3 x 4, rank 1 of 3 x 3 then 3 x 2. Rank sums are
+    # 15 each, but position 0 waits for 9 and position 1 for 12: the step lasts 21, not 15.
+    plan = make_plan([[(0, 0, 1)], [(1, 0, 4)], [(2, 0, 3)], [(3, 0, 2)]], dp=2, step_mbs=[2])
+    plan = dataclasses.replace(plan, layout=plan.layout.model_copy(update={"sync": "microbatch"}))
+    sm = metrics.step_metrics(plan, LINEAR)
+    assert sm["step_time"].tolist() == [21.0]
+    assert sm["dp_imbalance"].tolist() == [21.0 / 15.0]
+    assert sm["idle_time"].tolist() == [12.0]
+    assert sm["rank_time"].tolist() == [[15.0, 15.0]]
+    times, bubble = metrics.pipeline_times(plan, LINEAR)
+    g = metrics.gpu_time(times, bubble, plan.layout, LINEAR, sm["step_time"])
+    assert (g["total"], g["useful"], g["dp_idle"]) == (42.0, 30.0, 12.0)
+    assert g["est_epoch_seconds"] == 21.0
+    # the same microbatches with the ranks meeting once a step: the slowest rank's sum
+    step = dataclasses.replace(plan, layout=plan.layout.model_copy(update={"sync": "step"}))
+    assert metrics.step_metrics(step, LINEAR)["step_time"].tolist() == [15.0]
+
+
 @pytest.mark.parametrize("pp,cp", [(1, 1), (4, 1), (2, 2)])
 def test_gpu_time_splits_exactly(wlbllm, pp, cp):
     lay = Layout(dp=4, pp=pp, cp=cp, microbatches=4, capacity=131072)
