@@ -29,14 +29,16 @@ The step keeps it when it holds more tokens than LPT's and is no less balanced. 
 units: its costliest rank no further above the mean rank than LPT's. Microbatch units (pipeline
 stages, or ranks that wait for each other after every microbatch, :func:`_keep_microbatches`):
 its costliest microbatch no further above the mean microbatch than LPT's, with dp > 1 also its
-costliest rank after the split of the microbatches over ranks, and no more tokens of documents
-already waiting (at their deadline or read in an earlier step) left for later than LPT leaves;
-their best fit also takes the documents read this step after the waiting ones. Without those
-two age rules, a microbatch unit's step that took fresh documents over waiting ones let the
-waiting ones pile up past the delay bound (lognormal 4K-median documents, 4 DP x 2 PP x 8 x
-32K, L + L^2/4096: 74 documents held 5 steps). Otherwise LPT's packing stands and nothing is
-read ahead. Capacities above ``binpack.BFD_MAX_CAPACITY`` never try it (the best fit's tree has
-a slot per room). The plain version, step for step the same, is in ``tests/naive/balanced.py``.
+costliest rank after the split of the microbatches over ranks (in lockstep instead: its
+lockstep time no further above the mean rank's cost than LPT's), and no more tokens of
+documents already waiting (at their deadline or read in an earlier step) left for later than
+LPT leaves; their best fit also takes the documents read this step after the waiting ones.
+Without those two age rules, a microbatch unit's step that took fresh documents over waiting
+ones let the waiting ones pile up past the delay bound (lognormal 4K-median documents, 4 DP x
+2 PP x 8 x 32K, L + L^2/4096: 74 documents held 5 steps). Otherwise LPT's packing stands and
+nothing is read ahead. Capacities above ``binpack.BFD_MAX_CAPACITY`` never try it (the best
+fit's tree has a slot per room). The plain version, step for step the same, is in
+``tests/naive/balanced.py``.
 """
 from __future__ import annotations
 
