@@ -76,6 +76,15 @@ class Layout(NoBoolNumbers):
                              f"microbatch of a CP group holds rank_capacity tokens per rank)")
         return self
 
+    @property
+    def lockstep(self) -> bool:
+        """Whether the DP ranks run in lockstep: more than one, with one pipeline stage, waiting
+        for each other after every microbatch (``sync='microbatch'``: FSDP, ZeRO-3). A step
+        then lasts the sum over microbatch positions of the costliest microbatch there, not
+        the costliest rank's sum (``balanced`` places microbatches and the report times steps
+        by it)."""
+        return self.sync == "microbatch" and self.pp == 1 and self.dp > 1
+
     @model_serializer(mode="wrap")
     def _dump(self, handler):
         # ``sync`` is left out at its default so that a layout dumps (and hashes) exactly as it

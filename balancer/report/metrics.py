@@ -83,13 +83,6 @@ def _layered_shard_attention(lengths: np.ndarray, cp: int, cost: CostModel) -> n
     return work
 
 
-def lockstep(layout) -> bool:
-    """Whether the DP ranks of ``layout`` wait for each other after every microbatch with one
-    pipeline stage (``sync='microbatch'``: FSDP, ZeRO-3): a step then takes the sum over
-    microbatch positions of the costliest microbatch there, not the costliest rank's sum."""
-    return layout.sync == "microbatch" and layout.pp == 1 and layout.dp > 1
-
-
 def lockstep_times(plan: Plan, mb_cost: np.ndarray) -> np.ndarray:
     """float64[S]: every step's ``sum_k max_r cost[r, k]`` (microbatch ``k`` of every rank in
     lockstep) from the microbatch costs ``mb_cost`` (float64[M], the plan's order: rank-major
@@ -106,7 +99,7 @@ def lockstep_times(plan: Plan, mb_cost: np.ndarray) -> np.ndarray:
 def step_metrics(plan: Plan, cost: CostModel) -> dict:
     """Per-step arrays (float64[S]) of every metric, recomputed from entries and ``cost``.
     ``step_time``: the slowest rank's time (1F1B simulated with pp > 1), or in lockstep
-    (:func:`lockstep`) the sum over microbatch positions of the costliest microbatch there;
+    (``Layout.lockstep``) the sum over microbatch positions of the costliest microbatch there;
     ``dp_imbalance`` is the step time over the mean rank's; ``rank_time`` the ranks' own
     (busy) times."""
     lay = plan.layout
@@ -130,7 +123,7 @@ def step_metrics(plan: Plan, cost: CostModel) -> dict:
     else:
         times, bubble = rank_sum, np.zeros_like(rank_sum)
     slowest = times.argmax(axis=1)
-    step_time = lockstep_times(plan, mb_c) if lockstep(lay) else times.max(axis=1)
+    step_time = lockstep_times(plan, mb_c) if lay.lockstep else times.max(axis=1)
     dp_imb = step_time / times.mean(axis=1)
     ent_step = np.repeat(mb_step, np.diff(plan.mb_offsets))
     max_doc = np.zeros(steps)

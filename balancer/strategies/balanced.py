@@ -38,13 +38,10 @@ def rank_units(layout: Layout, config: PlannerConfig) -> bool:
                       "and bounded delay", default=True,
           knobs=("max_delay", "max_advance", "balance", "lookahead", "lump_tolerance", "tail"))
 def plan(sizes, costs, layout, config, budget, weights):
-    ranks = rank_units(layout, config)
-    # ranks that wait for each other after every microbatch (FSDP, ZeRO-3; one pipeline stage):
-    # a step takes the sum over positions of the costliest microbatch there, so microbatches
-    # are placed for that, not for equal rank sums
-    lockstep = not ranks and layout.pp == 1 and layout.dp > 1 and layout.sync == "microbatch"
+    # in lockstep (FSDP, ZeRO-3) a step takes the sum over positions of the costliest
+    # microbatch there: microbatches are placed for that, not for equal rank sums
     return packing.plan_balanced(
         sizes, costs, layout.dp, layout.microbatches, layout.capacity, budget, config.max_delay,
-        weights=weights, rank_units=ranks, lump_tol=config.lump_tolerance,
+        weights=weights, rank_units=rank_units(layout, config), lump_tol=config.lump_tolerance,
         lookahead=config.lookahead, max_advance=config.advance, tail=config.tail, pp=layout.pp,
-        lockstep=lockstep)
+        lockstep=layout.lockstep)
