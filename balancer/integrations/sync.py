@@ -43,14 +43,22 @@ def sync_for(trainer: str) -> str:
         raise ValueError(f"unknown trainer {trainer!r}; known: {sorted(TRAINER_SYNC)}") from None
 
 
-def _rank_costs(plan: Plan, cost: CostModel):
-    """Per step a float64[dp, m_s] array of microbatch cost (forward + backward, recomputed from
-    the entries, microbatch constant included), rank-major in the plan's order."""
+def _mb_costs(plan: Plan, cost: CostModel) -> np.ndarray:
+    """float64[M]: every microbatch's cost (forward + backward, recomputed from the entries,
+    microbatch constant included), in the plan's order."""
+    if plan.n_microbatches == 0:
+        return np.zeros(0)
     fwd, bwd = cost.doc_costs(plan.entry_length)
     cf, cb = cost.microbatch_constant
+    return np.add.reduceat(fwd + bwd, plan.mb_offsets[:-1]) + cf + cb
+
+
+def _rank_costs(plan: Plan, cost: CostModel):
+    """Per step a float64[dp, m_s] array of microbatch cost (:func:`_mb_costs`), rank-major in
+    the plan's order."""
     if plan.n_microbatches == 0:
         return []
-    mb = np.add.reduceat(fwd + bwd, plan.mb_offsets[:-1]) + cf + cb
+    mb = _mb_costs(plan, cost)
     so = plan.step_offsets
     dp = plan.layout.dp
     return [mb[so[s]:so[s + 1]].reshape(dp, int(plan.step_mbs[s])) for s in range(plan.n_steps)]
@@ -58,11 +66,11 @@ def _rank_costs(plan: Plan, cost: CostModel):
 
 def lockstep_imbalance(plan: Plan, cost: CostModel) -> np.ndarray:
     """float64[S]: per step, ``sum_k max_r c[r, k] / (sum c / dp)`` -- the step time of ranks
-    that synchronise after every microbatch over the perfectly balanced time (>= 1)."""
-    out = np.empty(plan.n_steps)
-    for s, c in enumerate(_rank_costs(plan, cost)):
-        out[s] = c.max(axis=0).sum() * c.shape[0] / c.sum()
-    return out
+    that synchronise after every microbatch (``Plan.lockstep_times``) over the perfectly
+    balanced time (>= 1)."""
+    mb = _mb_costs(plan, cost)
+    total = np.bincount(plan.mb_step, weights=mb, minlength=plan.n_steps)
+    return plan.lockstep_times(mb) * plan.layout.dp / total
 
 
 def rank_sum_imbalance(plan: Plan, cost: CostModel) -> np.ndarray:

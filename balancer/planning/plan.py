@@ -120,6 +120,20 @@ class Plan:
         """int64[k]: the steps with fewer microbatches per rank than ``layout.microbatches``."""
         return np.flatnonzero(self.step_mbs < self.layout.microbatches)
 
+    def lockstep_times(self, mb_cost: np.ndarray) -> np.ndarray:
+        """float64[S]: every step's ``sum_k max_r cost[r, k]``, the time of DP ranks that wait
+        for each other after every microbatch (microbatch ``k`` of every rank in lockstep),
+        from the microbatch costs ``mb_cost`` (float64[M], this plan's order)."""
+        mb_cost = np.asarray(mb_cost, dtype=np.float64)
+        so = self.step_offsets
+        first = so[self.mb_step]
+        # microbatch k of its rank, as a slot so[s] + k of its step's range (k < step_mbs[s])
+        slot = first + (np.arange(mb_cost.shape[0]) - first) % self.step_mbs[self.mb_step]
+        top = np.full(mb_cost.shape[0], -np.inf)
+        np.maximum.at(top, slot, mb_cost)
+        used = np.isfinite(top)
+        return np.bincount(self.mb_step[used], weights=top[used], minlength=self.n_steps)
+
     def microbatch_ids(self, step: int, rank: int) -> np.ndarray:
         """Microbatch indices of DP ``rank`` in ``step``, in pipeline order (``step_mbs[step]``
         of them)."""

@@ -83,19 +83,6 @@ def _layered_shard_attention(lengths: np.ndarray, cp: int, cost: CostModel) -> n
     return work
 
 
-def lockstep_times(plan: Plan, mb_cost: np.ndarray) -> np.ndarray:
-    """float64[S]: every step's ``sum_k max_r cost[r, k]`` (microbatch ``k`` of every rank in
-    lockstep) from the microbatch costs ``mb_cost`` (float64[M], the plan's order: rank-major
-    within a step)."""
-    out = np.zeros(plan.n_steps)
-    so = plan.step_offsets
-    dp = plan.layout.dp
-    for st in range(plan.n_steps):
-        c = mb_cost[so[st]:so[st + 1]].reshape(dp, int(plan.step_mbs[st]))
-        out[st] = c.max(axis=0).sum()
-    return out
-
-
 def step_metrics(plan: Plan, cost: CostModel) -> dict:
     """Per-step arrays (float64[S]) of every metric, recomputed from entries and ``cost``.
     ``step_time``: the slowest rank's time (1F1B simulated with pp > 1), or in lockstep
@@ -123,7 +110,7 @@ def step_metrics(plan: Plan, cost: CostModel) -> dict:
     else:
         times, bubble = rank_sum, np.zeros_like(rank_sum)
     slowest = times.argmax(axis=1)
-    step_time = lockstep_times(plan, mb_c) if lay.lockstep else times.max(axis=1)
+    step_time = plan.lockstep_times(mb_c) if lay.lockstep else times.max(axis=1)
     dp_imb = step_time / times.mean(axis=1)
     ent_step = np.repeat(mb_step, np.diff(plan.mb_offsets))
     max_doc = np.zeros(steps)
@@ -354,7 +341,7 @@ def gpu_time(times: np.ndarray, bubble: np.ndarray, layout, cost: CostModel,
     """Where the GPU time of an epoch goes, from per-step per-rank pipeline ``times`` and
     ``bubble`` fractions (float64[S, dp], as :func:`pipeline_times` returns). ``step_time``
     (float64[S]): how long each step lasts when that is not its slowest rank's time (in
-    lockstep, :func:`lockstep_times`); the ranks wait the rest (``dp_idle``).
+    lockstep, ``Plan.lockstep_times``); the ranks wait the rest (``dp_idle``).
 
     A DP rank holds ``pp x cp`` GPUs; a step lasts as long as its slowest rank. GPU time splits
     exactly into ``useful`` (the ranks' microbatch costs), ``pp_bubble`` (1F1B fill and drain

@@ -173,8 +173,9 @@ MICROBATCH_UNITS = {
 def test_microbatch_units_are_packed_for_tokens_first_too(case, scale):
     """uniform-32k with microbatch units: LPT on cost left 6.5-7.2 points of the steps empty
     (0.928-0.935 where L2 allows 0.998). The token-first step, kept where it is no less
-    balanced (its costliest microbatch, and its costliest rank after the split over ranks) and
-    leaves no more waiting tokens behind, packs 0.94-0.96, every delay within the bound."""
+    balanced (pipeline: its costliest microbatch, and its costliest rank after the split over
+    ranks; lockstep: its lockstep time) and leaves no more waiting tokens behind, packs
+    0.947-0.974, every delay within the bound."""
     lengths = workloads.load("uniform-32k", n=100_000, seed=0)
     layout = Layout(**MICROBATCH_UNITS[case])
     plan = plan_epoch(SampleTable(lengths), CostModel.quadratic(scale), layout,
@@ -188,8 +189,8 @@ def test_microbatch_units_are_packed_for_tokens_first_too(case, scale):
 
 
 def test_token_first_microbatch_units_keep_waiting_documents_within_the_bound():
-    """With microbatch units the token-first step's best fit put the documents read this step
-    before waiting ones and was kept whenever it was no less balanced: on lognormal 4K-median
+    """With microbatch units the token-first step's best fit took fresh and waiting documents
+    alike, largest first, and was kept whenever it was no less balanced: on lognormal 4K-median
     documents (4 DP x 2 PP x 8 x 32K, L + L^2/4096) the waiting ones piled up behind the heavy
     documents the look-ahead reads early, 1.2M tokens due in a step of 1.05M, and 74 documents
     waited 5 steps. The waiting documents now go first and a step that leaves more of their
