@@ -253,7 +253,9 @@ def phase_metrics(mp: MMPlan, cost: MMCostModel) -> dict:
     DP rank; LLM as 1F1B time when pp > 1), ``{encoder,llm}_lb`` float64[S] (max of total / dp
     and the largest indivisible unit: a media item, a document), and the two-phase step times
     (``step_time``: max encoder + max LLM with the exchange between them in post mode;
-    max of the per-rank sums otherwise)."""
+    max of the per-rank sums otherwise). ``llm_time``: each rank's LLM time, 1F1B simulated
+    with pp > 1, the step's lockstep time on every rank in lockstep (``Layout.lockstep``), else
+    ``llm_rank``."""
     plan, lay = mp.plan, mp.plan.layout
     S, dp = plan.n_steps, lay.dp
     enc = np.zeros((S, dp))
@@ -270,6 +272,9 @@ def phase_metrics(mp: MMPlan, cost: MMCostModel) -> dict:
     np.add.at(llm, (mb_step, mb_rank), mb_f + mb_b)
     if lay.pp > 1:
         llm_time, _ = rank_step_times(mb_f, mb_b, plan.step_mbs, dp, lay.pp)
+    elif lay.lockstep:  # ranks wait for each other after every microbatch: every rank's LLM
+        # phase lasts the step's lockstep time (as the text report times it)
+        llm_time = np.repeat(plan.lockstep_times(mb_f + mb_b)[:, None], dp, axis=1)
     else:
         llm_time = llm
     ent_step = np.repeat(mb_step, np.diff(plan.mb_offsets))
@@ -300,10 +305,13 @@ def mm_summary(mp: MMPlan, cost: MMCostModel, min_step_fraction: float = 0.5) ->
     out = {"mode": mp.mode, "strategy": mp.plan.config.strategy,
            "plan_seconds": float(mp.stats.get("plan_seconds", float("nan"))),
            "steps": mp.plan.n_steps, "steps_measured": int(full.sum())}
+    lockstep = mp.plan.layout.lockstep
     for ph, rank_key in (("encoder", "encoder_rank"), ("llm", "llm_rank")):
         r = pm[rank_key][full]
         mean = r.mean(1)
-        out[ph] = {"dp_imbalance": summarize(_ratio(r.max(1), mean)),
+        # in lockstep the LLM phase lasts its lockstep time, not the costliest rank's sum
+        top = pm["llm_time"][full].max(1) if ph == "llm" and lockstep else r.max(1)
+        out[ph] = {"dp_imbalance": summarize(_ratio(top, mean)),
                    "lower_bound_ratio": summarize(_ratio(r.max(1), pm[f"{ph}_lb"][full])),
                    "total": float(pm[rank_key].sum())}
     out["step"] = {"est_step_time_total": float(pm["step_time"].sum()),

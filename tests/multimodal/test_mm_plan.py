@@ -140,3 +140,28 @@ def test_over_capacity_policy():
     mp = plan_multimodal(big, COST, Layout(dp=1, capacity=10**5),
                          mm=MMConfig(encoder_capacity=20000, over_capacity="downscale"))
     assert mp.table.media_positions.max() <= 20000
+
+
+def test_lockstep_layouts_time_the_llm_phase_in_lockstep():
+    """``sync: microbatch`` with pp 1 (FSDP / ZeRO-3): ranks wait for each other after every
+    microbatch, so the LLM phase of a step lasts sum_k max_r cost[r, k] on every rank, as the
+    text report (``Plan.lockstep_times``) times it, not the costliest rank's sum."""
+    rng = np.random.default_rng(3)
+    table = random_table(rng, 400)
+    layout = Layout(dp=3, microbatches=2, capacity=COST.capacity(), sync="microbatch")
+    for mode in ("home", "post"):
+        mp = plan_multimodal(table, COST, layout, PlannerConfig(),
+                             MMConfig(mode=mode, over_capacity="downscale"))
+        pm = phase_metrics(mp, COST)
+        plan = mp.plan
+        slow = np.zeros(plan.n_steps)
+        for step in range(plan.n_steps):
+            per_rank = [[sum(COST.llm.microbatch_cost(plan.entry_length[plan.entries(int(mb))]))
+                         for mb in plan.microbatch_ids(step, r)] for r in range(3)]
+            slow[step] = np.max(per_rank, axis=0).sum()
+            assert np.allclose(pm["llm_time"][step], slow[step])
+            assert slow[step] >= pm["llm_rank"][step].max() * (1 - 1e-12)
+        assert np.allclose(pm["step_time"], pm["encoder_rank"].max(1) + slow)
+        summary = mm_summary(mp, COST, min_step_fraction=0.0)
+        want = slow / pm["llm_rank"].mean(1)
+        assert np.isclose(summary["llm"]["dp_imbalance"]["mean"], want.mean())
