@@ -1,11 +1,16 @@
-"""The ``blocks`` epoch order (``PlannerConfig.order='blocks'``): any range of an epoch's order
-computed on the fly, from (seed, epoch, position) alone, in memory proportional to the range.
+"""The epoch orders, defined here bit for bit from (seed, epoch) alone, not by a library's random
+generator, so an order is the same on every machine and numpy version.
 
-The default order (``'permutation'``, :func:`balancer.planning.stream.epoch_order`) is one
-seeded permutation of the whole corpus: every process holds it (int64 per sample) and reads
-the lengths of samples scattered over the whole corpus in every window. ``'blocks'`` is a
-two-level shuffle built from keyed bijections (a Feistel network with cycle walking,
-``packing.permute``):
+The default order (``'permutation'``, :func:`permutation_order`, through
+:func:`balancer.planning.stream.epoch_order`) is one uniformly random permutation of the whole
+corpus (:mod:`packing.shuffle`: a bucket scatter, then Fisher-Yates in each bucket): every
+process holds it (int64 per sample) and reads the lengths of samples scattered over the whole
+corpus in every window. Before 2026-12-07 it was ``numpy.random.default_rng([seed,
+epoch]).permutation(n)``, whose stream numpy does not promise to keep across versions.
+
+``'blocks'`` (``PlannerConfig.order='blocks'``) computes any range of an epoch's order on the
+fly, from (seed, epoch, position) alone, in memory proportional to the range: a two-level
+shuffle built from keyed bijections (a Feistel network with cycle walking, ``packing.permute``):
 
 - the corpus is cut into blocks of :data:`BLOCK` consecutive samples (the last ``n % BLOCK``
   samples form a short tail block, which stays last);
@@ -15,9 +20,7 @@ two-level shuffle built from keyed bijections (a Feistel network with cycle walk
 
 So position ``p`` maps to a sample in O(1) (:func:`block_order`), a window reads the lengths of
 a few hundred contiguous runs of the corpus per million samples (not a million scattered
-reads), and nothing of size n is held. Arithmetic is on uint64 and defined here, not by a
-library's random generator, so the order is the same on every machine and numpy version.
-The price: samples of one block (4096 neighbours in the corpus) stay within one group (1M
+reads), and nothing of size n is held. The price: samples of one block (4096 neighbours in the corpus) stay within one group (1M
 consecutive positions) of the epoch, and the tail block in the last group.
 """
 from __future__ import annotations
@@ -49,6 +52,21 @@ def level_keys(seed: int, epoch: int, level: int) -> tuple[int, np.ndarray]:
     base = _mix_int(_mix_int(_mix_int(int(seed) + 0x9E3779B97F4A7C15) ^ int(epoch)) ^
                     (int(level) + 1))
     return base, np.array([_mix_int(base + r + 1) for r in range(ROUNDS)], np.uint64)
+
+
+def permutation_keys(seed: int, epoch: int) -> tuple[int, int]:
+    """(bucket key, swap key) of the default order's permutation (``order='permutation'``,
+    :func:`permutation_order`): levels 2 and 3 of the same derivation as the block order's."""
+    return level_keys(seed, epoch, 2)[0], level_keys(seed, epoch, 3)[0]
+
+
+def permutation_order(n: int, seed: int, epoch: int, values=None):
+    """The default epoch order (``order='permutation'``): a uniformly random permutation of
+    ``[0, n)`` (int64[n]) from (seed, epoch), defined bit for bit by
+    :mod:`packing.shuffle` (the same on every machine and numpy version); with ``values``
+    (int64[n], e.g. the lengths) also ``values[order]``, gathered on the way, as a pair."""
+    from packing.shuffle import seeded_permutation
+    return seeded_permutation(n, *permutation_keys(seed, epoch), values=values)
 
 
 def block_order(n: int, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:

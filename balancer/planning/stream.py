@@ -35,8 +35,8 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True,
         return block_order_range(n, seed, epoch, 0, n)
     if order != "permutation":
         raise ValueError(f"order {order!r}: expected 'permutation' or 'blocks'")
-    perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
-    return perm.astype(np.int64, copy=False)  # already int64 on 64-bit: no copy
+    from .order import permutation_order
+    return permutation_order(n, seed, epoch)
 
 
 def gather_lengths(lengths, idx: np.ndarray) -> np.ndarray:
@@ -150,19 +150,30 @@ class EpochWindows:
         n = lengths.shape[0]
         # computed per range under 'blocks' (and without shuffle: the identity)
         self.lazy = config.order == "blocks" or not config.shuffle
-        self.order = None if self.lazy else epoch_order(n, config.seed, epoch, config.shuffle)
-        unit = cp_pad_unit(layout.cp)
-        self.max_piece = (layout.capacity // unit) * unit
-        make_items(self.order_range(0, 0), lengths, layout.capacity, layout.cp,
-                   config.over_length)
-        tl, tl_len = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         # ``keep_ordered`` (the planner's whole-epoch stream, :func:`epoch_stream`): the order's
         # lengths gathered at once and kept for the one items() call that covers them, which
         # would gather the same array again; else a block at a time
         self._ordered = None
         whole = keep_ordered and not self.lazy and not config.window_samples
+        carried = None
+        if self.lazy:
+            self.order = None
+        elif whole and isinstance(lengths, np.ndarray) and lengths.dtype == np.int64:
+            # the lengths carried through the shuffle: read in corpus order, not gathered at
+            # a million scattered places after it
+            from .order import permutation_order
+            self.order, carried = permutation_order(n, config.seed, epoch, values=lengths)
+        else:
+            self.order = epoch_order(n, config.seed, epoch, config.shuffle)
+        unit = cp_pad_unit(layout.cp)
+        self.max_piece = (layout.capacity // unit) * unit
+        make_items(self.order_range(0, 0), lengths, layout.capacity, layout.cp,
+                   config.over_length)
+        tl, tl_len = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for lo in range(0, n, max(n, 1) if whole else block):  # one pass over the order
-            ordered = gather_lengths(lengths, self.order_range(lo, lo + (n if whole else block)))
+            ordered = (carried if carried is not None else
+                       gather_lengths(lengths, self.order_range(lo, lo + (n if whole else block))))
+            carried = None
             hit = np.flatnonzero(ordered > self.max_piece)
             tl.append(lo + hit)
             tl_len.append(ordered[hit])  # kept: a second gather would read scattered blocks

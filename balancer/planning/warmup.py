@@ -48,8 +48,10 @@ def _packing_kernels() -> None:
     take3(np.arange(4), sizes, sizes, sizes)  # a chunked plan's entries
     pass_costs(sizes, 1.0, 1.0, 1.0)
     rank_step_times(costs, costs, np.array([2, 2]), 1, 2)
-    from .order import block_order
+    from .order import block_order, permutation_order
     block_order(5000, 0, 0, np.arange(5000, dtype=np.int64))  # PlannerConfig.order='blocks'
+    permutation_order(64, 0, 0)  # the default order alone (a plan carries its lengths along)
+    permutation_order(64, 0, 0, values=sizes[np.arange(64) % 4])
     for ru in (False, True):
         plan_balanced(sizes, costs, 2, 1, 4, 8, 2, rank_units=ru, max_advance=1)
 

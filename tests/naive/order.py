@@ -79,3 +79,51 @@ def block_order(n: int, seed: int, epoch: int, positions: np.ndarray) -> np.ndar
                                                                               np.uint64)))
     return block * BLOCK + shuffled % BLOCK
 
+
+
+def _mix_one(x: int) -> int:
+    """splitmix64's finaliser on one Python int (mod 2**64)."""
+    return int(_mix(np.array([x & 0xFFFFFFFFFFFFFFFF], np.uint64))[0])
+
+
+def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The default (``permutation``) order of an ``n``-sample epoch, written from the
+    definition in :mod:`packing.shuffle` with Python ints: buckets drawn per position (top
+    ``bits`` bits of splitmix64 at counter i + 1), positions kept in order within a bucket,
+    then Fisher-Yates in each bucket (slot j from the last down swaps with
+    ``floor(r * (j + 1) / 2**32)``, r the high 32 bits of the next draw, a draw rejected while
+    its low product ``(r * (j + 1)) mod 2**32 < 2**32 mod (j + 1)``). int64[n]."""
+    golden = 0x9E3779B97F4A7C15
+    m64 = (1 << 64) - 1
+    bucket_key = level_base(seed, epoch, 2)
+    state = level_base(seed, epoch, 3)
+    bits = 0
+    while bits < 12 and (1 << (14 + bits)) < n:
+        bits += 1
+    if bits:
+        counters = (np.uint64(bucket_key)
+                    + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(golden))
+        bucket = (_mix(counters) >> np.uint64(64 - bits)).astype(np.int64)
+    else:
+        bucket = np.zeros(n, np.int64)
+    out = []
+    for b in range(1 << bits):
+        slots = [int(i) for i in np.flatnonzero(bucket == b)]
+        for j in range(len(slots) - 1, 0, -1):
+            s = j + 1
+            while True:
+                state = (state + golden) & m64
+                prod = (_mix_one(state) >> 32) * s
+                if prod % (1 << 32) >= (1 << 32) % s:
+                    break
+            k = prod >> 32
+            slots[j], slots[k] = slots[k], slots[j]
+        out.extend(slots)
+    return np.array(out, dtype=np.int64)
+
+
+def level_base(seed: int, epoch: int, level: int) -> int:
+    """The base key of one level of the order's key derivation (levels 0 and 1: the block
+    order; 2 and 3: the permutation's buckets and swaps)."""
+    return _mix_int(_mix_int(_mix_int(int(seed) + 0x9E3779B97F4A7C15) ^ int(epoch)) ^
+                    (int(level) + 1))
