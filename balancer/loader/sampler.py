@@ -383,7 +383,9 @@ class PackedBatchSampler(Replanning, Sampler):
             if self.plan_fingerprint != state["plan_fingerprint"]:
                 raise ValueError(f"cannot resume: epoch {epoch}'s plan is {self.plan_fingerprint} "
                                  f"here but {state['plan_fingerprint']} in the checkpoint "
-                                 f"(different strategy, cost model, config or data)")
+                                 f"(different strategy, cost model, config or data, or a "
+                                 f"balancer version that plans differently: resume with the "
+                                 f"version that wrote the checkpoint, or from a stored plan)")
         self.cursor.restore(epoch, int(state["position"]), same_plan)
 
 

@@ -340,3 +340,18 @@ def test_ranks_that_are_not_integers_are_refused(kw, shown):
     s = PackedBatchSampler(SampleTable(lengths()), COST, lay, PlannerConfig(),
                            dp_rank=np.int64(1), cp_rank=1.0)  # integral values still serve
     assert (s.dp_rank, s.cp_rank) == (1, 1) and type(s.dp_rank) is int
+
+
+def test_resume_refuses_a_checkpoint_of_another_plan():
+    """A checkpoint whose plan differs from the one planned here (e.g. written by a version
+    that ordered or packed the epoch differently) is refused, not resumed in another order."""
+    L = lengths()
+    s = make(L)
+    it = iter(s)
+    next(it)
+    state = s.state_dict()
+    state["plan_fingerprint"] = "0" * len(state["plan_fingerprint"])
+    r = make(L)
+    with pytest.raises(ValueError, match="cannot resume: epoch 0's plan .*balancer version"):
+        r.load_state_dict(state)
+        list(r)
