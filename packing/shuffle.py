@@ -3,7 +3,7 @@
 it must equal).
 
 Rao and Sandelius' two-pass shuffle: every position ``i`` draws a bucket (the top ``bits`` bits
-of splitmix64 at counter ``i`` under ``bucket_key``), positions are scattered to their buckets
+of splitmix64 at counter ``i + 1`` under ``bucket_key``), positions are scattered to their buckets
 in increasing order, then each bucket is shuffled by Fisher-Yates with draws from one splitmix64
 stream (``swap_key``), buckets in order. If the draws are uniform the result is a uniformly
 random permutation; it is the same on every machine and numpy version (uint64 arithmetic,
@@ -25,8 +25,9 @@ BUCKET = 1 << 14
 MAX_BITS = 12
 #: splitmix64's increment
 GOLDEN = 0x9E3779B97F4A7C15
-#: above this n a bucket could exceed the 32-bit draws of the Fisher-Yates step
-MAX_N = 1 << 44
+#: the most positions: buckets then average at most 2**28 positions, far below the 2**32 that
+#: the Fisher-Yates step's 32-bit draws reach (checked per bucket all the same)
+MAX_N = 1 << 40
 
 
 @kernel
@@ -150,6 +151,9 @@ def seeded_permutation(n: int, bucket_key: int, swap_key: int, values=None):
     values.setflags(write=False)
     start = _scatter(np.int64(n), np.int64(bucket_bits(n)), np.uint64(bucket_key), values,
                      np.bool_(with_values), out, out_values)
+    if n and int(np.diff(start).max()) > 1 << 32:  # never at n <= MAX_N, short of a broken draw
+        raise ValueError(f"a bucket of {int(np.diff(start).max())} positions: the shuffle draws "
+                         f"32 bits")
     if with_values:
         _shuffle_buckets_with(start, np.uint64(swap_key), out, out_values)
     else:
