@@ -71,27 +71,21 @@ def _scatter(n, bits, bucket_key, values, with_values, out, out_values):
     for b in range(n_buckets):
         start[b + 1] += start[b]
     fill = start[:n_buckets].copy()
-    if with_values:  # two loops: a branch inside one was not hoisted out of it
-        for i in range(n):
-            b = _bucket(bucket_key, i, shift)
-            p = fill[b]
-            fill[b] = p + 1
-            out[p] = i
+    for i in range(n):
+        b = _bucket(bucket_key, i, shift)
+        p = fill[b]
+        fill[b] = p + 1
+        out[p] = i
+        if with_values:
             out_values[p] = values[i]
-    else:
-        for i in range(n):
-            b = _bucket(bucket_key, i, shift)
-            p = fill[b]
-            fill[b] = p + 1
-            out[p] = i
     return start
 
 
 @kernel
-def _shuffle_buckets(start, swap_key, out):
+def _shuffle_buckets(start, swap_key, with_values, out, out_values):
     """Fisher-Yates in each bucket ``[start[b], start[b + 1])`` of ``out`` (int64), buckets in
     order, one stream of draws from ``swap_key``: slot j, from the last down, swaps with a slot
-    drawn uniformly from ``[0, j]``."""
+    drawn uniformly from ``[0, j]``; the same swaps in ``out_values`` if ``with_values``."""
     state = swap_key
     for b in range(start.shape[0] - 1):
         lo = start[b]
@@ -102,24 +96,10 @@ def _shuffle_buckets(start, swap_key, out):
             t = out[a]
             out[a] = out[k]
             out[k] = t
-
-
-@kernel
-def _shuffle_buckets_with(start, swap_key, out, out_values):
-    """:func:`_shuffle_buckets` with the same swaps applied to ``out_values`` (int64)."""
-    state = swap_key
-    for b in range(start.shape[0] - 1):
-        lo = start[b]
-        for j in range(start[b + 1] - lo - 1, 0, -1):
-            state, k = _draw(state, j + 1)
-            a = lo + j
-            k += lo
-            t = out[a]
-            out[a] = out[k]
-            out[k] = t
-            v = out_values[a]
-            out_values[a] = out_values[k]
-            out_values[k] = v
+            if with_values:
+                v = out_values[a]
+                out_values[a] = out_values[k]
+                out_values[k] = v
 
 
 def bucket_bits(n: int) -> int:
@@ -154,8 +134,5 @@ def seeded_permutation(n: int, bucket_key: int, swap_key: int, values=None):
     if n and int(np.diff(start).max()) > 1 << 32:  # never at n <= MAX_N, short of a broken draw
         raise ValueError(f"a bucket of {int(np.diff(start).max())} positions: the shuffle draws "
                          f"32 bits")
-    if with_values:
-        _shuffle_buckets_with(start, np.uint64(swap_key), out, out_values)
-    else:
-        _shuffle_buckets(start, np.uint64(swap_key), out)
+    _shuffle_buckets(start, np.uint64(swap_key), np.bool_(with_values), out, out_values)
     return (out, out_values) if with_values else out

@@ -20,8 +20,9 @@ shuffle built from keyed bijections (a Feistel network with cycle walking, ``pac
 
 So position ``p`` maps to a sample in O(1) (:func:`block_order`), a window reads the lengths of
 a few hundred contiguous runs of the corpus per million samples (not a million scattered
-reads), and nothing of size n is held. The price: samples of one block (4096 neighbours in the corpus) stay within one group (1M
-consecutive positions) of the epoch, and the tail block in the last group.
+reads), and nothing of size n is held. The price: samples of one block (4096 neighbours in
+the corpus) stay within one group (1M consecutive positions) of the epoch, and the tail block
+in the last group.
 """
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def _round_keys(seed: int, epoch: int, level: int, group: np.ndarray) -> list[np.ndarray]:
     """ROUNDS uint64 keys per element of ``group`` (uint64[k]), from (seed, epoch, level)."""
-    base = _mix_int(_mix_int(_mix_int(int(seed) + 0x9E3779B97F4A7C15) ^ int(epoch)) ^
-                    (int(level) + 1))
+    base = level_base(seed, epoch, level)
     g = _mix(group ^ np.uint64(base))
     return [_mix(g + np.uint64(_mix_int(base + r + 1))) for r in range(ROUNDS)]
 
@@ -78,7 +77,6 @@ def block_order(n: int, seed: int, epoch: int, positions: np.ndarray) -> np.ndar
         block[full] = feistel(s, n_full, _round_keys(seed, epoch, 0, np.zeros(s.shape[0],
                                                                               np.uint64)))
     return block * BLOCK + shuffled % BLOCK
-
 
 
 def _mix_one(x: int) -> int:
