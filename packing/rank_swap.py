@@ -26,9 +26,15 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
+from .rank_views import TOP as _TOP
+from .rank_views import _new_views, _rank_view
 
-_TOP = 8  # the two-for-one looks at this many of the costliest items of each of the two ranks
 _V_TRIES = 8  # U exchanges with the first of its 8 cheapest ranks that has an exchange
+#: a size window of at most this many of V's items is scanned as it is, without the binary
+#: searches of the cost window (the same exchange either way: they were most of the pass)
+_SIZE_SCAN = 16
+#: relative margin of the check on bin costs that ends a step's pass before it starts
+_MARGIN = 1e-9
 SWAP_TOL = 5e-3  # exchanges stop once the costliest rank is within this fraction of the bound
 
 
@@ -37,9 +43,20 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
                 rounds, bin_cost):
     """Exchange items between the ranks of one packed step (``bin_of[t]``: bin of ``items[t]``,
     ``-1`` not placed; rank r holds bins ``r*m..r*m+m-1``), updating ``bin_of``, ``bin_tokens``
-    and ``bin_count``, and, when it makes an exchange, ``bin_cost`` (float64[dp * m], summed
-    afresh in item order). Returns the number of exchanges made."""
+    and ``bin_count``. ``bin_cost`` (float64[dp * m]) holds the bins' costs as packed (in any
+    order of summation: only a check with a margin reads them) and, when an exchange is made,
+    gets them summed afresh in item order. Returns the number of exchanges made."""
     nc = items.shape[0]
+    # a step within the tolerance by its bin costs (sums in another order, so with a margin far
+    # above their rounding) is left as it is before its items are read: most steps are
+    rank_sum = np.zeros(dp)
+    for b in range(dp * m):
+        rank_sum[b // m] += bin_cost[b]
+    est_total = 0.0
+    for u in range(dp):
+        est_total += rank_sum[u]
+    if rank_sum.max() <= est_total / dp * (1.0 + tol) * (1.0 - _MARGIN):
+        return np.int64(0)
     # the items' sizes and costs in step order: every exchange looks at them many times, and
     # reading them through ``items`` from the epoch-long arrays missed the cache each time
     isz = np.empty(nc, dtype=np.int64)
@@ -85,7 +102,12 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
             ul[off[u] + fill[u]] = t
             fill[u] += 1
     made = np.int64(0)
-    for _ in range(rounds):
+    # every rank's items in the orders an exchange search reads them (_rank_view), kept from
+    # round to round: an exchange changes the items of its two ranks only, and the cheapest
+    # ranks are searched again in most rounds (made when a first round runs: most steps end
+    # before it)
+    views = _new_views(off[:1], np.int64(0), m)
+    for rnd in range(rounds):
         U = np.int64(0)  # typed: _list_move compiles once, for int64 ranks
         for u in range(1, dp):
             if uc[u] > uc[U]:
@@ -93,17 +115,13 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
         cu = uc[U]
         if cu <= lb * (1.0 + tol):
             break
+        if rnd == 0:
+            views = _new_views(off, dp, m)
         # V: the cheapest rank with an exchange that lowers max(cost U, cost V) below cost U
         by_cost = np.argsort(uc, kind="mergesort")        # ranks by (cost, index)
-        ua = np.sort(ul[off[U]:off[U] + fill[U]])          # U's items in item order
-        ka = ua.shape[0] if ua.shape[0] < _TOP else _TOP
-        ta_top = np.empty(ka, dtype=np.int64)
-        uac = np.empty(ua.shape[0])
-        for q in range(ua.shape[0]):
-            uac[q] = -ics[ua[q]]
-        oa = np.argsort(uac, kind="mergesort")  # by cost descending, then item order
-        for q in range(ka):
-            ta_top[q] = ua[oa[q]]
+        _rank_view(U, ul, off, fill, isz, ics, bin_of, m, views)
+        ua = views.item[off[U]:off[U] + fill[U]]           # U's items in item order
+        ta_top = views.top[U, :views.ntop[U]]  # its _TOP costliest, then item order
         kind = np.int64(-1)
         ba = np.int64(-1)
         bb = np.int64(-1)
@@ -117,9 +135,10 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
             cv = uc[V]
             if cv >= cu:
                 break
+            _rank_view(V, ul, off, fill, isz, ics, bin_of, m, views)
             kind, ba, bb, bcx, bbin, bd = _best_exchange(isz, ics, bin_of, bin_tokens,
-                                                         bin_count, m, capacity, ul, off, fill,
-                                                         ua, ta_top, V, cu, cv)
+                                                         bin_count, m, capacity, off, fill,
+                                                         views, ua, ta_top, V, cu, cv)
             if kind >= 0:
                 break
         if kind < 0:
@@ -155,6 +174,8 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
             _list_move(ul, off, fill, V, U, bcx)
         uc[U] = cu - bd
         uc[V] = cv + bd
+        views.valid[U] = False
+        views.valid[V] = False
         made += 1
     if made > 0:
         bin_cost[:] = 0.0
@@ -165,22 +186,18 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
 
 
 @kernel
-def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off, fill, ua,
+def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, off, fill, views, ua,
                    ta_top, V, cu, cv):
     """The best exchange between rank U (cost ``cu``; ``ua`` its items in item order, ``ta_top``
-    its ``_TOP`` costliest by (cost descending, item order)) and rank V (``cv``), items t of
-    the step sized ``isz[t]`` and costing ``ics[t]``: returns
+    its ``_TOP`` costliest by (cost descending, item order)) and rank V (``cv``; its views up to
+    date in ``views``), items t of the step sized ``isz[t]`` and costing ``ics[t]``: returns
     (kind: -1 none, 0 move, 1 swap, 2 two-for-one; a, b, c, the bin a moves to, the cost
     moved)."""
     gap = cu - cv
-    vt_t = np.sort(ul[off[V]:off[V] + fill[V]])        # V's items in item order
-    nv = vt_t.shape[0]
-    vc_t = np.empty(nv)
-    for q in range(nv):
-        vc_t[q] = ics[vt_t[q]]
-    o = np.argsort(vc_t, kind="mergesort")             # V's items by (cost, item order)
-    vt = vt_t[o]
-    vc = vc_t[o]
+    a0 = off[V]
+    nv = fill[V]
+    vt = views.by_cost[a0:a0 + nv]                     # V's items by (cost, item order)
+    vc = views.cost[a0:a0 + nv]
     best = cu
     kind = np.int64(-1)
     ba = np.int64(-1)
@@ -213,26 +230,29 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
     for B in range(V * m, V * m + m):
         if capacity - bin_tokens[B] > rv:
             rv = capacity - bin_tokens[B]
-    # sizes as float64 (exact below 2**53): the searches below take one array type
-    vs = np.empty(nv)
-    for q in range(nv):
-        vs[q] = isz[vt[q]]
-    so = np.argsort(vs, kind="mergesort")  # V's items (positions in vt) by (size, cost order)
-    ss = vs[so]
+    so = views.by_size[a0:a0 + nv]  # V's items (positions in vt) by (size, cost order)
+    ss = views.size[a0:a0 + nv]     # their sizes, as float64 (exact below 2**53)
     for ta in ua:
         A = bin_of[ta]
         sa = isz[ta]
         ca = ics[ta]
         room_a = capacity - bin_tokens[A] + sa  # A's room once a leaves
-        lo = _first_above(vc, np.int64(0), nv, ca - gap)  # first b with cb > ca - gap
-        hi = _first_at_least(vc, lo, nv, ca)    # first b with cb >= ca
         s_lo = _first_at_least(ss, np.int64(0), nv, np.float64(sa - rv))
         s_hi = _first_above(ss, s_lo, nv, np.float64(room_a))
         # this a's best b: the least new max below the best so far, the first in cost order
-        # on ties (the cost window is scanned in that order; the size window is not)
+        # on ties (the cost window is scanned in that order; the size window is not). A
+        # short size window is scanned without the cost window's two searches, b's cost
+        # checked against its bounds instead (q in lo..hi-1 is ca - gap < cb < ca)
         a_best = best
         a_q = nv
-        if hi - lo <= s_hi - s_lo:
+        lo = np.int64(0)
+        hi = np.int64(0)
+        by_cost = s_hi - s_lo > _SIZE_SCAN
+        if by_cost:
+            lo = _first_above(vc, np.int64(0), nv, ca - gap)  # first b with cb > ca - gap
+            hi = _first_at_least(vc, lo, nv, ca)    # first b with cb >= ca
+            by_cost = hi - lo <= s_hi - s_lo
+        if by_cost:
             for q in range(lo, hi):
                 tb = vt[q]
                 sb = isz[tb]
@@ -244,7 +264,7 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
         else:
             for r in range(s_lo, s_hi):
                 q = so[r]
-                if q < lo or q >= hi:
+                if not (vc[q] > ca - gap and vc[q] < ca):
                     continue
                 tb = vt[q]
                 sb = isz[tb]  # <= room_a: the window's bound
@@ -261,25 +281,10 @@ def _best_exchange(isz, ics, bin_of, bin_tokens, bin_count, m, capacity, ul, off
             bd = ca - vc[a_q]
     # two-for-one: one of U's _TOP costliest items a for one of V's _TOP costliest b (cb <
     # ca) and c of b's bin (a into that bin)
-    kb = nv if nv < _TOP else _TOP
-    tb_top = np.empty(kb, dtype=np.int64)
-    for q in range(nv):
-        vc_t[q] = -ics[vt_t[q]]
-    ob = np.argsort(vc_t, kind="mergesort")
-    for q in range(kb):
-        tb_top[q] = vt_t[ob[q]]
+    tb_top = views.top[V, :views.ntop[V]]
     # V's items by bin, each bin's in (cost, item order): c comes from b's bin
-    boff = np.zeros(m + 1, dtype=np.int64)
-    for q in range(nv):
-        boff[bin_of[vt[q]] - V * m + 1] += 1
-    for j in range(m):
-        boff[j + 1] += boff[j]
-    bl = np.empty(nv, dtype=np.int64)
-    bfill = boff[:m].copy()
-    for q in range(nv):
-        j = bin_of[vt[q]] - V * m
-        bl[bfill[j]] = vt[q]
-        bfill[j] += 1
+    boff = views.bin_off[V]
+    bl = views.by_bin[a0:a0 + nv]
     for ta in ta_top:
         A = bin_of[ta]
         sa = isz[ta]
@@ -371,12 +376,16 @@ def rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp: int, m: i
                capacity: int, tol: float = SWAP_TOL, rounds: int | None = None,
                bin_cost=None) -> int:
     """:func:`_rank_swaps` on arrays of any integer/float dtype (``bin_of``, ``bin_tokens``,
-    ``bin_count`` int64, changed in place; ``bin_cost``, float64, too when given). Returns the
-    number of exchanges."""
+    ``bin_count`` int64, changed in place; ``bin_cost``, float64[dp * m], the bins' costs,
+    changed in place too when given, else summed here from the items). Returns the number of
+    exchanges."""
+    items = np.ascontiguousarray(items, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
     if bin_cost is None:
-        bin_cost = np.zeros(int(dp) * int(m))
-    return int(_rank_swaps(np.ascontiguousarray(items, dtype=np.int64),
-                           np.ascontiguousarray(sizes, dtype=np.int64),
-                           np.ascontiguousarray(costs, dtype=np.float64), bin_of, bin_tokens,
-                           bin_count, np.int64(dp), np.int64(m), np.int64(capacity), float(tol),
-                           np.int64(2 * dp + 8 if rounds is None else rounds), bin_cost))
+        placed = bin_of >= 0
+        bin_cost = np.bincount(bin_of[placed], weights=costs[items[placed]],
+                               minlength=int(dp) * int(m)).astype(np.float64)
+    return int(_rank_swaps(items, np.ascontiguousarray(sizes, dtype=np.int64), costs, bin_of,
+                           bin_tokens, bin_count, np.int64(dp), np.int64(m), np.int64(capacity),
+                           float(tol), np.int64(2 * dp + 8 if rounds is None else rounds),
+                           bin_cost))
