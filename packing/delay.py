@@ -97,9 +97,11 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
                 elif tk[t, kmin[t]] + size[j] <= unit_cap:
                     k = kmin[t]  # the least loaded slot (ties: lowest index) has room
                 else:
+                    kv = np.inf  # ex[t, k], kept in a register: no load through k per slot
                     for kk in range(n_units):
-                        if tk[t, kk] + size[j] <= unit_cap and (k < 0 or ex[t, kk] < ex[t, k]):
+                        if tk[t, kk] + size[j] <= unit_cap and (k < 0 or ex[t, kk] < kv):
                             k = kk
+                            kv = ex[t, kk]
                 if k < 0:
                     continue
                 ne = ex[t, k] + e
@@ -124,9 +126,11 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
                 # keep the least loaded slot of a full step at hand: one scan per placement
                 # instead of one per evaluation
                 km = 0
+                kv = ex[bt, 0]  # ex[bt, km], kept in a register
                 for kk in range(1, n_units):
-                    if ex[bt, kk] < ex[bt, km]:
+                    if ex[bt, kk] < kv:
                         km = kk
+                        kv = ex[bt, kk]
                 kmin[bt] = km
 
 

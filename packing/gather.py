@@ -10,12 +10,18 @@ from ._jit import kernel
 
 @kernel
 def _take3(idx, a, b, c, out_a, out_b, out_c):
-    """``out_x[k] = x[idx[k]]`` for x in a, b, c (int64; ``idx`` int64[k], in bounds)."""
+    """``out_x[k] = x[idx[k]]`` for x in a, b, c (int64; ``idx`` int64[k]). Returns -1, or
+    the first position whose index is outside ``[0, len(a))`` (nothing gathered from there
+    on): the bounds are checked in the gather's own pass, not in two reductions before it."""
+    n = a.shape[0]
     for k in range(idx.shape[0]):
         i = idx[k]
+        if i < 0 or i >= n:
+            return k
         out_a[k] = a[i]
         out_b[k] = b[i]
         out_c[k] = c[i]
+    return -1
 
 
 def take3(idx, a, b, c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -26,8 +32,9 @@ def take3(idx, a, b, c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = a.shape[0]
     if b.shape[0] != n or c.shape[0] != n:
         raise ValueError(f"arrays of {n}, {b.shape[0]} and {c.shape[0]} elements: expected one length")
-    if idx.shape[0] and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        raise ValueError(f"indices {int(idx.min())}..{int(idx.max())} outside 0..{n - 1}")
     out = [np.empty(idx.shape[0], dtype=np.int64) for _ in range(3)]
-    _take3(idx, a, b, c, *out)
+    bad = _take3(idx, a, b, c, *out)
+    if bad >= 0:
+        raise ValueError(f"index {int(idx[bad])} at position {bad} outside 0..{n - 1} "
+                         f"(indices {int(idx.min())}..{int(idx.max())})")
     return out[0], out[1], out[2]

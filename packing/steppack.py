@@ -123,7 +123,9 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
                 if room > mx:
                     mx = room
         # the leaf's new values up to the root, carried in registers (each level reads only
-        # the sibling, not the node just written); an ancestor left unchanged stops it
+        # the sibling, not the node just written). No early stop where an ancestor is left
+        # unchanged: the unit placed is nearly always the cheapest, so its path changes to
+        # the root, and the test cost more than it saved (1M items, 47.8 -> 46.2 ms)
         cmin = unit_cost[u]
         cmax = mx
         node = p + u
@@ -136,8 +138,6 @@ def _pack_step(order, sizes, costs, n_units, bins_per_unit, capacity, bin_of,
             if tmax[sib] > cmax:
                 cmax = tmax[sib]
             node >>= 1
-            if tmin[node] == cmin and tmax[node] == cmax:
-                break
             tmin[node] = cmin
             tmax[node] = cmax
         placed += 1

@@ -18,7 +18,9 @@ def test_take3_equals_np_take(seed):
 
 def test_take3_refuses_indices_out_of_range_and_unequal_lengths():
     a = np.arange(4)
-    with pytest.raises(ValueError, match="indices 0..4 outside 0..3"):
+    with pytest.raises(ValueError, match=r"index 4 at position 1 outside 0..3 \(indices 0..4\)"):
         take3(np.array([0, 4]), a, a, a)
+    with pytest.raises(ValueError, match=r"index -1 at position 2 outside 0..3 \(indices -1..3\)"):
+        take3(np.array([3, 0, -1, 2]), a, a, a)
     with pytest.raises(ValueError, match="one length"):
         take3(np.array([0]), a, a[:3], a)
