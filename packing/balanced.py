@@ -430,7 +430,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     rank_units, lockstep)
                 if adopt:
                     for a in range(fi.shape[0]):
-                        ahead_w += w[fi[a]]
+                        if not (costs[fi[a]] - sizes[fi[a]] * cpt > thr):  # lumps: no weight
+                            ahead_w += w[fi[a]]
                     pool, parr, now, ls, np_, nls, items, order = _take_ahead(
                         pool, parr, now, ls, np_, nls, taken, items, order, fi, fe, step)
                     bin_of = bo

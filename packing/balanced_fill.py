@@ -20,6 +20,9 @@ first and balances cost afterwards:
    short (it reads no further once the pool holds a long item for every microbatch:
    ``packing.balanced.LONG_READ_STEPS``). Not within ``max_delay + max_advance + 1`` steps of
    light weight of the stream's end (the long items left there would have no short ones);
+   then, with whole-rank units, each microbatch still with room gives one item back to the
+   pool for an item ahead larger by at most the room (:mod:`packing.hole_swap`; lumps ahead
+   included);
 3. whole-rank units: the microbatches go to ranks by the better of the LPT and Karmarkar-Karp
    equal-count partitions of their costs, each refined by a few swaps (:func:`_bins_to_ranks`),
    then the rank exchange pass runs as for LPT. Microbatch units: the microbatches go to their
@@ -48,6 +51,7 @@ from ._jit import kernel
 from .balanced_pool import _grow_pool, _pool_add
 from .balanced_step import _fill_empty_bins, _lockstep_time, _rank_of_bins
 from .binpack import _first_at_or_after, _tree_add
+from .hole_swap import _hole_swaps
 from .partition import _group_loads, _kk, _lpt_equal, _refine_swaps
 
 #: the step's holes are filled from at most this many light items read ahead (per microbatch,
@@ -303,8 +307,19 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     if read_ahead and (n_bins * capacity - tok) * 400 > n_bins * capacity:
         na = _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, tree,
                     head, nxt, p, bt, bn, fi, fe, bo[nc:])
-        for a in range(na):
-            tok += sizes[fi[a]]
+        if rank_units:
+            # the holes left: exchanges of candidates (not at their deadline) for slightly
+            # larger items ahead. Whole-rank units only: with microbatch units the items given
+            # back count against the step (_keep_microbatches) and the suite lost by them
+            # (prolong 0.9959 -> 0.9948)
+            stay = np.empty(nc, dtype=np.bool_)
+            for t in range(nc):
+                stay[t] = cls[t] == 0
+            na = _hole_swaps(items, stay, bo[:nc], sizes, costs, w, taken, cpt, thr, pos,
+                             budget, max_advance, capacity, bt, fi, fe, bo[nc:], na)
+        tok = np.int64(0)  # the fill's items and the exchanges' gains
+        for b in range(n_bins):
+            tok += bt[b]
     ntot = nc + na
     bo = bo[:ntot]
     if tok <= lpt_tokens:
@@ -359,8 +374,10 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
 def _take_ahead(pool, parr, now, ls, np_, nls, taken, items, order, fi, fe, step):
     """The items ``fi`` read ahead by the token-first step into the pool (marked taken, going
     now, arrived ``step + fe``: their delay is minus the steps they were read early) and after
-    the step's candidates ``items`` (their pool slots ``order``). Returns (pool, parr, now, ls,
-    items in the pool, lumps among them, items, order)."""
+    the step's candidates ``items`` (their pool slots ``order``). Every one is placed in this
+    step, so a lump among them (read by an exchange) is not listed with the pool's lumps: it
+    leaves with the step. Returns (pool, parr, now, ls, items in the pool, lumps among them,
+    items, order)."""
     nc = items.shape[0]
     na = fi.shape[0]
     items2 = np.empty(nc + na, dtype=np.int64)

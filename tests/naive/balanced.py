@@ -2,6 +2,8 @@
 compiled ``packing.balanced`` kernel: the tests require both to give identical plans. It imports
 nothing from production code: the outlier scheduler and the step assembly are the plain ones of
 :mod:`tests.naive.core` and :mod:`tests.naive.steps`."""
+import bisect
+
 import numpy as np
 
 from tests.naive.core import balanced_equal, kk_equal, lpt_equal, refine_swaps, schedule_lumps
@@ -88,6 +90,53 @@ def keep_microbatches(cls, lpt_placed, bo, lpt_cost, new_cost, sizes, cand, dp, 
     return max(sums[1]) * total(sums[0]) <= max(sums[0]) * total(sums[1])
 
 
+def hole_swaps(cand, stay, bo, room, fill, est, sizes, w, taken, is_lump, pos, budget,
+               max_advance, limit):
+    """The holes left after the fill (``packing.hole_swap``): each bin with room, in order,
+    gives back the candidate (not one that must ``stay``) whose best partner ahead (the
+    largest unused item, lumps included, with ``size < z <= size + room``) gains the most
+    tokens, the first on ties; the partner joins ``fill``. Changes the lists in place."""
+    ahead_items, ahead, q = [], 0, pos
+    while q < sizes.shape[0] and len(ahead_items) < limit:
+        if taken[q]:
+            q += 1
+            continue
+        e = 1 + ahead // budget
+        if e > max_advance:
+            break
+        ahead_items.append((int(q), e))
+        if not is_lump[q]:
+            ahead += int(w[q])
+        q += 1
+    filled = set(fill)
+    free = sorted(ahead_items, key=lambda f: int(sizes[f[0]]))  # stable: stream order
+    used = [f[0] in filled for f in free]
+    fs = [int(sizes[f[0]]) for f in free]
+    for b in range(len(room)):
+        if len(fill) >= limit:
+            break
+        if room[b] <= 0:
+            continue
+        best = None
+        for t in range(len(cand)):
+            if bo[t] != b or stay[t]:
+                continue
+            y = int(sizes[cand[t]])
+            k = bisect.bisect_right(fs, y + room[b]) - 1
+            while k >= 0 and fs[k] > y and used[k]:
+                k -= 1
+            if k >= 0 and fs[k] - y > (best[0] if best else 0):
+                best = (fs[k] - y, t, k)
+        if best is not None:
+            gain, t, k = best
+            used[k] = True
+            bo[t] = -1
+            room[b] -= gain
+            bo.append(b)
+            fill.append(free[k][0])
+            est.append(free[k][1])
+
+
 def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is_lump, pos,
                 budget, max_advance, read_ahead, dp, m, capacity, rank_units=True,
                 lockstep=False):
@@ -144,6 +193,9 @@ def token_first(cand, cls, arr, lpt_placed, lpt_b_of, sizes, costs, w, taken, is
                 bo.append(b)
                 fill.append(i)
                 est.append(e)
+        if rank_units:
+            hole_swaps(cand, [c == 0 for c in cls], bo, room, fill, est, sizes, w, taken,
+                       is_lump, pos, budget, max_advance, 16 * nb + 256)
     tokens = nb * capacity - sum(room)
     lpt_tokens = sum(int(sizes[cand[k]]) for k in lpt_placed)
     if tokens <= lpt_tokens:
