@@ -38,9 +38,9 @@ def _hole_swaps(items, stay, bo, sizes, costs, w, taken, cpt, thr, pos, budget, 
     """Exchanges for the holes of the bins (``bt`` int64[bins], their tokens, updated). The
     candidates ``items`` (int64[nc]) sit in bins ``bo`` (int64[nc], -1: not placed; an item
     given back gets -1); ``stay`` (bool[nc]) marks those that may not be given back (at their
-    deadline). ``fi``/``fe``/``fb``
-    (int64[wmax]) hold the ``na`` items the fill read ahead, their steps early and bins; the
-    items read by an exchange are appended. Returns the new count."""
+    deadline). ``fi``/``fe``/``fb`` (int64[wmax]) hold the ``na`` items the fill read ahead,
+    their steps early and bins; the items read by an exchange are appended. Returns the new
+    count."""
     n = sizes.shape[0]
     nb = bt.shape[0]
     nc = items.shape[0]

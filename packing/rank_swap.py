@@ -104,10 +104,9 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
     made = np.int64(0)
     # every rank's items in the orders an exchange search reads them (_rank_view), kept from
     # round to round: an exchange changes the items of its two ranks only, and the cheapest
-    # ranks are searched again in most rounds (made when a first round runs: most steps end
-    # before it)
-    views = _new_views(off[:1], np.int64(0), m)
-    for rnd in range(rounds):
+    # ranks are searched again in most rounds
+    views = _new_views(off, dp, m)
+    for _ in range(rounds):
         U = np.int64(0)  # typed: _list_move compiles once, for int64 ranks
         for u in range(1, dp):
             if uc[u] > uc[U]:
@@ -115,8 +114,6 @@ def _rank_swaps(items, sizes, costs, bin_of, bin_tokens, bin_count, dp, m, capac
         cu = uc[U]
         if cu <= lb * (1.0 + tol):
             break
-        if rnd == 0:
-            views = _new_views(off, dp, m)
         # V: the cheapest rank with an exchange that lowers max(cost U, cost V) below cost U
         by_cost = np.argsort(uc, kind="mergesort")        # ranks by (cost, index)
         _rank_view(U, ul, off, fill, isz, ics, bin_of, m, views)

@@ -38,10 +38,10 @@ def _case(seed):
                 budget=int(rng.integers(cap // 2, 4 * cap)), adv=int(rng.integers(1, 4)))
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_hole_swaps_equal_reference_and_keep_the_rules(seed):
-    c = _case(seed)
-    nb, cap, limit = c["bt"].shape[0], c["cap"], c["limit"]
+def _swaps(c):
+    """The kernel on case ``c``, the fill's items first: (bo, bt, fi, fe, fb, items the fill
+    read, items after the exchanges)."""
+    limit = c["limit"]
     fi = np.zeros(limit, dtype=np.int64)
     fe = np.zeros(limit, dtype=np.int64)
     fb = np.zeros(limit, dtype=np.int64)
@@ -50,13 +50,23 @@ def test_hole_swaps_equal_reference_and_keep_the_rules(seed):
     fe[:na0] = 1
     bo, bt = c["bo"].copy(), c["bt"].copy()
     na = _hole_swaps(c["cand"], c["cls"] == 0, bo, c["sizes"], c["costs"], c["w"], c["taken"],
-                     c["cpt"], c["thr"], c["pos"], c["budget"], c["adv"], cap, bt, fi, fe, fb, na0)
+                     c["cpt"], c["thr"], c["pos"], c["budget"], c["adv"], c["cap"], bt, fi, fe,
+                     fb, na0)
+    return bo, bt, fi, fe, fb, na0, na
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_hole_swaps_equal_reference_and_keep_the_rules(seed):
+    c = _case(seed)
+    nb, cap, limit = c["bt"].shape[0], c["cap"], c["limit"]
+    bo, bt, fi, fe, fb, na0, na = _swaps(c)
     # the reference on lists: candidates' bins then the fill's, rooms, fill, est
     ref_bo = [int(b) for b in c["bo"]] + [0] * na0
     room = [cap - int(x) for x in c["bt"]]
     ref_fill, ref_est = list(fi[:na0]), [1] * na0
-    naive_hole_swaps(c["cand"], list(c["cls"] == 0), ref_bo, room, ref_fill, ref_est, c["sizes"], c["w"],
-                     c["taken"], c["is_lump"], c["pos"], c["budget"], c["adv"], limit)
+    naive_hole_swaps(c["cand"], list(c["cls"] == 0), ref_bo, room, ref_fill, ref_est,
+                     c["sizes"], c["w"], c["taken"], c["is_lump"], c["pos"], c["budget"],
+                     c["adv"], limit)
     nc = c["cand"].shape[0]
     assert bo.tolist() == ref_bo[:nc]
     assert fi[:na].tolist() == ref_fill and fe[:na].tolist() == ref_est
@@ -84,13 +94,6 @@ def test_the_exchanges_happen_on_these_cases():
     # the equality above is not vacuous
     made = 0
     for seed in range(60):
-        c = _case(seed)
-        limit = c["limit"]
-        fi = np.zeros(limit, dtype=np.int64)
-        na0 = min(len(c["fill"]), limit)
-        fi[:na0] = c["fill"][:na0]
-        made += _hole_swaps(c["cand"], c["cls"] == 0, c["bo"].copy(), c["sizes"], c["costs"],
-                            c["w"], c["taken"], c["cpt"], c["thr"], c["pos"], c["budget"],
-                            c["adv"], c["cap"], c["bt"].copy(), fi, np.zeros(limit, np.int64),
-                            np.zeros(limit, np.int64), na0) - na0
+        _, _, _, _, _, na0, na = _swaps(_case(seed))
+        made += na - na0
     assert made > 30

@@ -69,6 +69,15 @@ def test_the_pass_exchanges_on_these_steps():
         assert made > 0, kind
 
 
+def _three_ranks(sizes, costs):
+    """A step of three ranks of one microbatch, two items each, every microbatch full: (items,
+    bin_of, tokens, count)."""
+    items = np.arange(6, dtype=np.int64)
+    bin_of = np.array([0, 0, 1, 1, 2, 2], dtype=np.int64)
+    tokens = np.bincount(bin_of, weights=sizes).astype(np.int64)
+    return items, bin_of, tokens, np.full(3, 2, dtype=np.int64)
+
+
 def test_a_costlier_rank_takes_the_exchange_the_cheapest_has_none_for():
     # three ranks of one 10-token microbatch, every bin full: only equal-size swaps fit. The
     # cheapest rank (1, cost 90) has no exchange that lowers rank 0's 100 (60 for 45 would
@@ -76,10 +85,7 @@ def test_a_costlier_rank_takes_the_exchange_the_cheapest_has_none_for():
     # was tried and the pass stopped at 100 (tries=1 in the reference).
     sizes = np.full(6, 5, dtype=np.int64)
     costs = np.array([60.0, 40.0, 45.0, 45.0, 58.0, 36.0])
-    items = np.arange(6, dtype=np.int64)
-    bin_of = np.array([0, 0, 1, 1, 2, 2], dtype=np.int64)
-    tokens = np.full(3, 10, dtype=np.int64)
-    count = np.full(3, 2, dtype=np.int64)
+    items, bin_of, tokens, count = _three_ranks(sizes, costs)
     ref = bin_of.tolist()
     assert naive_rank_swaps(sizes, costs, list(ref), 3, 1, 10, tries=1) == 0
     assert naive_rank_swaps(sizes, costs, ref, 3, 1, 10) == 1
@@ -89,18 +95,19 @@ def test_a_costlier_rank_takes_the_exchange_the_cheapest_has_none_for():
 
 
 def test_a_step_within_the_tolerance_is_left_as_packed():
-    # every rank within SWAP_TOL of the mean: the pass returns before it builds a view, and
-    # changes nothing (the reference agrees: no exchange is worth making there)
-    sizes = np.array([5, 5, 5, 5, 4, 6], dtype=np.int64)
-    costs = np.array([50.0, 50.0, 50.0, 50.0, 49.9999, 50.0001])
-    items = np.arange(6, dtype=np.int64)
-    bin_of = np.array([0, 0, 1, 1, 2, 2], dtype=np.int64)
-    tokens = np.full(3, 10, dtype=np.int64)
-    count = np.full(3, 2, dtype=np.int64)
+    # ranks 100.3 / 100 / 99.7: the costliest is 0.3% above the mean, within SWAP_TOL, so the
+    # pass returns before it builds a view and changes nothing, although an exchange (50.2 for
+    # 49.9) would even it out: with no tolerance that exchange is made
+    sizes = np.full(6, 5, dtype=np.int64)
+    costs = np.array([50.2, 50.1, 50.0, 50.0, 49.9, 49.8])
+    items, bin_of, tokens, count = _three_ranks(sizes, costs)
     ref = bin_of.tolist()
     assert naive_rank_swaps(sizes, costs, list(ref), 3, 1, 10) == 0
     assert rank_swaps(items, sizes, costs, bin_of, tokens, count, 3, 1, 10) == 0
     assert bin_of.tolist() == ref and tokens.tolist() == [10, 10, 10]
+    assert naive_rank_swaps(sizes, costs, list(ref), 3, 1, 10, tol=0.0) == 1
+    assert rank_swaps(items, sizes, costs, bin_of, tokens, count, 3, 1, 10, tol=0.0) == 1
+    assert bin_of.tolist() != ref
 
 
 @pytest.mark.parametrize("seed", range(10))
