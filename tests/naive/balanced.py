@@ -10,6 +10,10 @@ from tests.naive.core import balanced_equal, kk_equal, lpt_equal, refine_swaps, 
 from tests.naive.steps import (Steps, check_common, fill_empty_bins, finish_bins, finish_tail,
                                lpt_bins, pack_exact)
 
+#: the look-ahead's lumps stop where their tokens reach this many times the capacity of its
+#: steps (the kernel's ``LOOK_LUMP_STEPS``)
+LOOK_LUMP_STEPS = 8
+
 
 def reference_cost_per_token(sizes, costs) -> float:
     """Cost per token of typical (light) items: the median of cost/size over a fixed strided
@@ -293,7 +297,12 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             base = cumf[pos - 1] if pos else 0
             end = int(np.searchsorted(cumf, base + (max_delay + max_advance) * budget,
                                       side="right"))
-            fut = pos + np.flatnonzero(is_lump[pos:end] & ~taken[pos:end])
+            # the lumps from pos on (read ahead or not) stop where their tokens reach
+            # LOOK_LUMP_STEPS times the capacity of the look-ahead's steps
+            lp = pos + np.flatnonzero(is_lump[pos:end])
+            before = np.cumsum(sizes[lp]) - sizes[lp]
+            lp = lp[before < LOOK_LUMP_STEPS * (max_delay + max_advance + 1) * dp * m * capacity]
+            fut = lp[~taken[lp]]
             est = 1 + (cumf[fut] - base) // max(budget, 1)
             keep = est - max_advance < horizon
             fut, est = fut[keep], est[keep]
