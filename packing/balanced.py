@@ -31,6 +31,14 @@ LONG_READ_STEPS = 1
 #: ... and the top-up after the step is packed (it reads for the step's holes; the long items
 #: that come with those light ones wait at most a step more)
 LONG_TOPUP_STEPS = 2
+#: The same for lumps by their tokens: the intake stops once the pool's lumps hold a step's
+#: capacity, the top-up two. Lumps shorter than half a microbatch were read without bound
+#: where the light items beside them are tiny (70% of documents 1-19 tokens, the rest
+#: 6-9K, 8 x 4 x 32K, L + L^2/4096): the top-up read the stream's every lump for the holes of
+#: the first step and they waited up to 225 steps (14,429 of 15K beyond the delay bound on
+#: 50K samples; now 12, by one step).
+LUMP_READ_STEPS = 1
+LUMP_TOPUP_STEPS = 2
 #: The look-ahead sees the lumps from the stream's position on until their tokens reach this
 #: many times the capacity of its ``max_delay + max_advance + 1`` steps. Its window is light
 #: weight, and where light items are tiny and lumps many (55% of 50-200-token documents, the
@@ -125,9 +133,12 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     nls = np.int64(0)
     fluid_w = 0
     pool_long = np.int64(0)  # items longer than half the capacity in the pool
+    pool_lump_tok = np.int64(0)  # tokens of the lumps in the pool
+    lump_tok_cap = LUMP_READ_STEPS * n_bins * capacity
     while pos < n or np_ > 0:
         n_old = np_
         nlong = pool_long  # the pool is as the last step's compaction left it
+        lump_tok = pool_lump_tok
         fluid_w_old = fluid_w
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
@@ -247,22 +258,26 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 k = ls[q]
                 if now[k] or step - parr[k] >= max_delay:
                     emit_w += w[pool[k]]
-            if emit_w < budget and pos < n and it < 3 and nlong < LONG_READ_STEPS * n_bins:
+            if (emit_w < budget and pos < n and it < 3 and nlong < LONG_READ_STEPS * n_bins
+                    and lump_tok < lump_tok_cap):
                 # read fresh items until their light weight covers the shortfall, or until the
                 # pool holds a long item for every microbatch
                 need = budget - emit_w
                 got = 0
-                while pos < n and got < need and nlong < LONG_READ_STEPS * n_bins:
+                while (pos < n and got < need and nlong < LONG_READ_STEPS * n_bins
+                       and lump_tok < lump_tok_cap):
                     # room for a chunk at a time: growing (re-binding the arrays) inside the
                     # per-item loop made this loop ten times slower
                     lim = np_ + _CHUNK
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
                     # ``now`` of a new lump is set by the next round's schedule before any read
-                    pos, np_, nls, g, gt, gl = _read_until(sizes, costs, w, taken, cpt, thr,
+                    pos, np_, nls, g, gt, gl, glt = _read_until(sizes, costs, w, taken, cpt, thr,
                                                            pos, need - got, np_, lim, nls, step,
                                                            pool, parr, now, ls, capacity,
-                                                           LONG_READ_STEPS * n_bins - nlong)
+                                                           LONG_READ_STEPS * n_bins - nlong,
+                                                           lump_tok_cap - lump_tok)
                     nlong += gl
+                    lump_tok += glt
                     got += g + gt  # items read ahead count as read: the stream's weight
                     pos_cum += g + gt
                     ahead_w -= gt
@@ -417,7 +432,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             n1 = np_
             got = 0
             nlong = _count_long(pool, np_, sizes, capacity)
-            while pos < n and got < hole and nlong < LONG_TOPUP_STEPS * n_bins:
+            lump_tok = 0
+            for q in range(nls):
+                lump_tok += sizes[pool[ls[q]]]
+            while (pos < n and got < hole and nlong < LONG_TOPUP_STEPS * n_bins
+                   and lump_tok < LUMP_TOPUP_STEPS * n_bins * capacity):
                 if max_advance > 0 and taken[pos]:
                     if not (costs[pos] - sizes[pos] * cpt > thr):  # read ahead: counted now
                         pos_cum += w[pos]
@@ -430,7 +449,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, np.bool_(False), lump)
                 if 2 * sizes[pos] > capacity:
                     nlong += 1
-                if not lump:
+                if lump:
+                    lump_tok += sizes[pos]
+                else:
                     got += w[pos]
                     pos_cum += w[pos]
                     fluid_w += w[pos]
@@ -482,24 +503,25 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         nmb += n_bins
         step_mbs[step] = m
         step += 1
-        np_, nls, fluid_w, pool_long = _compact_pool(pool, parr, ls, np_, placed, sizes, costs,
+        np_, nls, fluid_w, pool_long, pool_lump_tok = _compact_pool(pool, parr, ls, np_, placed, sizes, costs,
                                                      w, cpt, thr, capacity)
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()
 
 
 @kernel
 def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step, pool, parr,
-                now, ls, capacity, long_room):
+                now, ls, capacity, long_room, lump_room):
     """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room)
-    until the light weight passed reaches ``need`` or ``long_room`` items longer than half the
-    ``capacity`` were read, skipping items ``taken`` (read ahead; empty array: none; a light
-    one's weight counts as passed); arrival ``step``, not going now.
-    Returns (pos, np_, nls, light weight read, light weight of the taken items skipped, long
-    items read)."""
+    until the light weight passed reaches ``need``, ``long_room`` items longer than half the
+    ``capacity`` were read or the lumps read reach ``lump_room`` tokens, skipping items
+    ``taken`` (read ahead; empty array: none; a light one's weight counts as passed); arrival
+    ``step``, not going now. Returns (pos, np_, nls, light weight read, light weight of the
+    taken items skipped, long items read, the lumps' tokens read)."""
     n = sizes.shape[0]
     got = 0
     skipped = 0
     longs = 0
+    lump_tok = 0
     adv = taken.shape[0] > 0
     while pos < n and got + skipped < need and np_ < lim:
         lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
@@ -514,15 +536,16 @@ def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step
         if lump:
             ls[nls] = np_
             nls += 1
+            lump_tok += sizes[pos]
         else:
             got += w[pos]
         np_ += 1
         pos += 1
         if 2 * sizes[pos - 1] > capacity:
             longs += 1
-            if longs >= long_room:
-                break
-    return pos, np_, nls, got, skipped, longs
+        if longs >= long_room or lump_tok >= lump_room:
+            break
+    return pos, np_, nls, got, skipped, longs, lump_tok
 
 
 @kernel

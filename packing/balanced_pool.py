@@ -55,11 +55,12 @@ def _pool_add(pool, parr, now, ls, np_, nls, i, arrival, going, lump):
 def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr, capacity):
     """Drop the slots a step placed (``placed`` bool[np_]), keeping pool order; rebuild the lump
     slots ``ls`` and the light weight. Returns (items left, lumps among them, their light
-    weight, how many of them are longer than half the ``capacity``)."""
+    weight, how many of them are longer than half the ``capacity``, the lumps' tokens)."""
     j = 0
     nls = 0
     fluid_w = 0
     nlong = np.int64(0)
+    lump_tok = np.int64(0)
     for k in range(np_):
         if not placed[k]:
             i = pool[k]
@@ -68,9 +69,10 @@ def _compact_pool(pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr, capaci
             if (costs[i] - sizes[i] * cpt > thr):
                 ls[nls] = j
                 nls += 1
+                lump_tok += sizes[i]
             else:
                 fluid_w += w[i]
             if 2 * sizes[i] > capacity:
                 nlong += 1
             j += 1
-    return j, nls, fluid_w, nlong
+    return j, nls, fluid_w, nlong, lump_tok

@@ -343,6 +343,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
         # the end of the intake (it stays unread) when lumps arriving with it overfill the step
         n_old = pool.shape[0]
         nlong = int(is_long[pool].sum())
+        lump_cap = dp * m * capacity  # the lumps in the pool: a step's capacity of tokens
+        lump_tok = int(sizes[pool[is_lump[pool]]].sum())
         for it in range(4):
             if pos < n:
                 now = schedule(pool, arr, pos)
@@ -352,16 +354,24 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
             go = ~is_lump[pool] | now | (step - arr >= max_delay)
             pull_w = int(w[pull[0]].sum())  # look-ahead lumps read now take room too
             emit_w = int(w[pool[go]].sum()) + pull_w
-            if emit_w < budget and pos < n and it < 3 and nlong < dp * m:
+            if emit_w < budget and pos < n and it < 3 and nlong < dp * m and lump_tok < lump_cap:
                 base = cumf[pos - 1] if pos else 0
                 newpos = min(int(np.searchsorted(cumf, base + budget - emit_w, side="left")) + 1, n)
                 rd = np.arange(pos, newpos, dtype=np.int64)
                 rd = rd[~taken[rd]]
                 longs = np.flatnonzero(is_long[rd])
+                stop = None
                 if longs.shape[0] >= dp * m - nlong:  # stop at the long item that fills them
-                    rd = rd[:longs[dp * m - nlong - 1] + 1]
+                    stop = longs[dp * m - nlong - 1] + 1
+                lump_cum = lump_tok + np.cumsum(np.where(is_lump[rd], sizes[rd], 0))
+                full = np.flatnonzero(lump_cum >= lump_cap)
+                if full.shape[0] and (stop is None or full[0] + 1 < stop):
+                    stop = full[0] + 1  # ... or at the lump that fills the lumps' cap
+                if stop is not None:
+                    rd = rd[:stop]
                     newpos = int(rd[-1]) + 1
                 nlong += int(is_long[rd].sum())
+                lump_tok += int(sizes[rd[is_lump[rd]]].sum())
                 pool = np.concatenate([pool, rd])
                 arr = np.concatenate([arr, np.full(rd.shape[0], step, np.int64)])
                 pos = newpos
@@ -420,10 +430,13 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
                 break
             rd, got = [], 0
             nlong = int(is_long[pool].sum())  # at most two steps' worth of long items
-            while pos < n and got < hole and nlong < 2 * dp * m:
+            lump_tok = int(sizes[pool[is_lump[pool]]].sum())  # and of lumps' tokens
+            while pos < n and got < hole and nlong < 2 * dp * m and lump_tok < 2 * lump_cap:
                 if not taken[pos]:
                     rd.append(pos)
                     nlong += int(is_long[pos])
+                    if is_lump[pos]:
+                        lump_tok += int(sizes[pos])
                     if not is_lump[pos]:
                         got += int(w[pos])
                 pos += 1
