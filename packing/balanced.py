@@ -261,7 +261,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             if (emit_w < budget and pos < n and it < 3 and nlong < LONG_READ_STEPS * n_bins
                     and lump_tok < lump_tok_cap):
                 # read fresh items until their light weight covers the shortfall, or until the
-                # pool holds a long item for every microbatch
+                # pool holds a long item for every microbatch or a step's capacity of lumps
                 need = budget - emit_w
                 got = 0
                 while (pos < n and got < need and nlong < LONG_READ_STEPS * n_bins
@@ -271,11 +271,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     lim = np_ + _CHUNK
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
                     # ``now`` of a new lump is set by the next round's schedule before any read
-                    pos, np_, nls, g, gt, gl, glt = _read_until(sizes, costs, w, taken, cpt, thr,
-                                                           pos, need - got, np_, lim, nls, step,
-                                                           pool, parr, now, ls, capacity,
-                                                           LONG_READ_STEPS * n_bins - nlong,
-                                                           lump_tok_cap - lump_tok)
+                    pos, np_, nls, g, gt, gl, glt = _read_until(
+                        sizes, costs, w, taken, cpt, thr, pos, need - got, np_, lim, nls, step,
+                        pool, parr, now, ls, capacity, LONG_READ_STEPS * n_bins - nlong,
+                        lump_tok_cap - lump_tok)
                     nlong += gl
                     lump_tok += glt
                     got += g + gt  # items read ahead count as read: the stream's weight
@@ -503,8 +502,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         nmb += n_bins
         step_mbs[step] = m
         step += 1
-        np_, nls, fluid_w, pool_long, pool_lump_tok = _compact_pool(pool, parr, ls, np_, placed, sizes, costs,
-                                                     w, cpt, thr, capacity)
+        np_, nls, fluid_w, pool_long, pool_lump_tok = _compact_pool(
+            pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr, capacity)
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()
 
 
