@@ -343,6 +343,22 @@ def test_token_first_steps_leave_huge_capacities_to_lpt():
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
 
 
+def _kernel_and_reference(sizes, costs, dp, m, cap, max_delay, kernel=True):
+    """The kernel's and the reference's plans (whole-rank units, look-ahead 12, a token budget
+    of the whole capacity, tail carried) of one stream, asserted equal and holding every item
+    exactly once; ``kernel=False``: the reference's only (None for the kernel's)."""
+    kw = dict(rank_units=True, max_advance=12, tail="carry")
+    b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
+    if not kernel:
+        return None, b
+    a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert np.array_equal(np.sort(np.concatenate([a.entry_item, a.leftover])),
+                          np.arange(sizes.shape[0]))
+    return a, b
+
+
 def test_lookahead_lumps_are_cut_by_their_tokens(monkeypatch):
     # Regression: the look-ahead's window is light weight, so where light items are tiny and
     # lumps many it held every lump of the stream, and every step scheduled all of them (plan
@@ -354,16 +370,10 @@ def test_lookahead_lumps_are_cut_by_their_tokens(monkeypatch):
     sizes = np.where(rng.random(n) < 0.55, rng.integers(1, 4, n),
                      rng.integers(520, 1001, n)).astype(np.int64)
     costs = sizes + sizes.astype(float) ** 2 / 256
-    dp, m, cap, max_delay = 2, 2, 1000, 4
-    kw = dict(rank_units=True, max_advance=12, tail="carry")
-    a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
-    b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
-    for f in a._fields:
-        assert np.array_equal(getattr(a, f), getattr(b, f)), f
-    assert a.entry_delay.max() <= max_delay
-    assert np.array_equal(np.sort(a.entry_item), np.arange(n))
+    a, b = _kernel_and_reference(sizes, costs, 2, 2, 1000, 4)
+    assert a.entry_delay.max() <= 4
     monkeypatch.setattr(naive_balanced, "LOOK_LUMP_STEPS", 10 ** 6)
-    c = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
+    _, c = _kernel_and_reference(sizes, costs, 2, 2, 1000, 4, kernel=False)
     assert not all(np.array_equal(getattr(b, f), getattr(c, f)) for f in b._fields)
 
 
@@ -381,12 +391,6 @@ def test_short_lumps_beside_tiny_documents_are_read_by_their_tokens(seed):
     sizes = np.where(rng.random(n) < 0.7, rng.integers(1, 20, n),
                      rng.integers(750, 1125, n)).astype(np.int64)
     costs = sizes + sizes.astype(float) ** 2 / 512
-    dp, m, cap, max_delay = 2, 2, 4096, 4
-    kw = dict(rank_units=True, max_advance=12, tail="carry")
-    a = plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
-    b = naive_balanced.plan_balanced(sizes, costs, dp, m, cap, dp * m * cap, max_delay, **kw)
-    for f in a._fields:
-        assert np.array_equal(getattr(a, f), getattr(b, f)), f
-    assert a.entry_delay.max() <= max_delay + 1
-    assert (a.entry_delay > max_delay).sum() <= 2
-    assert np.array_equal(np.sort(np.concatenate([a.entry_item, a.leftover])), np.arange(n))
+    a, _ = _kernel_and_reference(sizes, costs, 2, 2, 4096, 4)
+    assert a.entry_delay.max() <= 4 + 1
+    assert (a.entry_delay > 4).sum() <= 2
