@@ -102,6 +102,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     pos = np.int64(0)
     pos_cum = 0   # light weight of [0, pos), items read ahead of their turn (taken) included
     ahead_w = 0   # light weight of the items at pos or later read ahead (the token-first step)
+    # items from pos up to ahead_skip[0] are taken or lumps: the token-first step's read-ahead
+    # starts past them (balanced_fill._ahead); lowered to pos where pos moves back
+    ahead_skip = np.zeros(1, dtype=np.int64)
     light_total = 0
     for i in range(n):
         if not (costs[i] - sizes[i] * cpt > thr):
@@ -317,6 +320,8 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                             ahead_w += w[j]
                     pos = pool[cut]
                     np_ = cut
+                    if ahead_skip[0] > pos:
+                        ahead_skip[0] = pos
             break
         # ---- look-ahead lumps scheduled now are read ahead of their turn -------------------
         if pos < n:
@@ -471,7 +476,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 adopt, bo, bt, bn, fi, fe = _token_first(
                     items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos,
                     max(budget, 1), max_advance, read_ahead, dp, m, capacity, bin_of, tok,
-                    rank_units, lockstep)
+                    rank_units, lockstep, ahead_skip)
                 if adopt:
                     for a in range(fi.shape[0]):
                         if not (costs[fi[a]] - sizes[fi[a]] * cpt > thr):  # lumps: no weight

@@ -141,14 +141,19 @@ def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_
 
 @kernel
 def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, tree, head,
-           nxt, p, bin_tokens, bin_count, out_item, out_est, out_bin):
+           nxt, p, bin_tokens, bin_count, out_item, out_est, out_bin, skip):
     """Fill the holes of the bins (their rooms in ``tree``/``head``/``nxt``) with light items
     read ahead from ``pos`` (skipping taken items and lumps; the light weight before an item,
     from ``pos``, gives its steps early ``est = 1 + weight // budget``, at most
     ``max_advance``; at most ``out_item.shape[0]`` items that fit some hole are looked at),
     largest first (a stable order), each into the fullest bin with room. Writes the placed
     items, their ``est`` and bins to ``out_*`` and updates ``bin_tokens``/``bin_count``
-    (nothing is marked taken). Returns how many."""
+    (nothing is marked taken). ``skip`` (int64[1], the caller's state): every item from ``pos``
+    up to ``skip[0]`` is taken or a lump (the caller lowers it to ``pos`` when ``pos`` moves
+    back); the scan starts there and leaves in it its own first item neither taken nor a lump.
+    Taken items stay taken, so where the fill has taken the light items far ahead (tiny ones
+    beside lumps: up to ``max_advance`` steps of them) a step does not scan them again.
+    Returns how many."""
     n = sizes.shape[0]
     maxroom = 0
     for b in range(bin_tokens.shape[0]):
@@ -159,11 +164,14 @@ def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity,
     cest = np.empty(wmax, dtype=np.int64)
     nc = 0
     ahead = 0
-    q = pos
+    q = pos if pos > skip[0] else skip[0]
+    first = -1
     while q < n and nc < wmax:
         if taken[q] or costs[q] - sizes[q] * cpt > thr:
             q += 1
             continue
+        if first < 0:
+            first = q
         est = 1 + ahead // budget
         if est > max_advance:
             break
@@ -173,6 +181,7 @@ def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity,
             nc += 1
         ahead += w[q]
         q += 1
+    skip[0] = first if first >= 0 else q
     key = np.empty(nc, dtype=np.int64)
     for t in range(nc):
         key[t] = capacity - sizes[cand[t]]
@@ -272,13 +281,13 @@ def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m, lockste
 @kernel
 def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos, budget,
                  max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens, rank_units,
-                 lockstep):
+                 lockstep, skip):
     """The token-first packing of a step whose LPT packing (``bin_of``: bin of ``items[t]``,
     -1 not placed; ``lpt_tokens`` its tokens) left holes. ``items``/``order``/``ocls``: the
     step's candidates, their pool slots and priority classes; ``read_ahead``: whether the holes
     may be filled from the stream ahead of ``pos``; ``rank_units``: whole-rank units (else
     microbatch units; ``lockstep``: their ranks wait for each other after every microbatch,
-    :func:`_keep_microbatches`). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
+    :func:`_keep_microbatches`; ``skip``: the read-ahead's state, :func:`_ahead`). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
     candidate, then of every item read ahead; with whole-rank units ranks' bins consecutive),
     ``bin_tokens, bin_count, ahead items, their steps early)``; with ``adopt`` False the step
     keeps LPT's packing and nothing is read ahead."""
@@ -306,7 +315,7 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     na = 0
     if read_ahead and (n_bins * capacity - tok) * 400 > n_bins * capacity:
         na = _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity, tree,
-                    head, nxt, p, bt, bn, fi, fe, bo[nc:])
+                    head, nxt, p, bt, bn, fi, fe, bo[nc:], skip)
         if rank_units:
             # the holes left: exchanges of candidates (not at their deadline) for slightly
             # larger items ahead. Whole-rank units only: with microbatch units the items given

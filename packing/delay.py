@@ -51,25 +51,26 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
     imb = np.empty(horizon)
     for t in range(horizon):
         imb[t] = _imbalance(tc, 0.0, 0.0, n_units)
-    # lumps feasible at each step, heaviest first (CSR), with prefix sums of their excess
-    f_off = np.zeros(horizon + 1, dtype=np.int64)
-    for q in range(k_total):
-        jj = order[q]
-        for t in range(lo[jj], hi[jj] + 1):
-            f_off[t + 1] += 1
+    # lumps feasible at each step, heaviest first, with prefix sums of their excess (from 0 at
+    # each step), made lazily: only as far as the partner masses of steps still empty read
+    # them. Once every step holds a lump none is read again, so where the look-ahead shows far
+    # more lumps than the horizon holds, the lists stay short.
+    f_pos = np.empty((horizon, k_total), dtype=np.int64)
+    f_cum = np.empty((horizon, k_total + 1))
+    f_len = np.zeros(horizon, dtype=np.int64)  # entries listed for step t
+    f_scan = np.zeros(horizon, dtype=np.int64)  # next order position to examine for step t
+    f_ptr = np.zeros(horizon, dtype=np.int64)  # first entry after the lump being placed
     for t in range(horizon):
-        f_off[t + 1] += f_off[t]
-    f_pos = np.empty(f_off[horizon], dtype=np.int64)
-    f_cum = np.zeros(f_off[horizon] + 1)
-    fill = f_off[:horizon].copy()
-    for q in range(k_total):
-        jj = order[q]
-        for t in range(lo[jj], hi[jj] + 1):
-            f_pos[fill[t]] = q
-            fill[t] += 1
-    for x in range(f_off[horizon]):
-        f_cum[x + 1] = f_cum[x] + exc[order[f_pos[x]]]
-    f_ptr = f_off[:horizon].copy()
+        f_cum[t, 0] = 0.0
+    # the smallest lump from each position of the order on, and each step's largest room: once
+    # no step has room for the smallest lump left, every lump left gets -1 (where the look-ahead
+    # shows far more lumps than the horizon holds, most of them) without its window's scan
+    smin = np.empty(k_total + 1, dtype=np.int64)
+    smin[k_total] = unit_cap + 1
+    for q in range(k_total - 1, -1, -1):
+        sq = size[order[q]]
+        smin[q] = sq if sq < smin[q + 1] else smin[q + 1]
+    room = np.full(horizon, unit_cap, dtype=np.int64)  # the largest room of a unit of step t
     for idx in range(k_total):
         j = order[idx]
         e = exc[j]
@@ -80,14 +81,25 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
             if used[t] == 0:
                 # partner mass: the next n_units - 1 heaviest lumps (after this one) that could
                 # join step t, from prefix sums over the lumps feasible at t
-                b = f_off[t + 1]
-                while f_ptr[t] < b and f_pos[f_ptr[t]] <= idx:
-                    f_ptr[t] += 1
+                # (entries listed up to the n_units - 1 after this lump, or the order's end)
+                while True:
+                    while f_ptr[t] < f_len[t] and f_pos[t, f_ptr[t]] <= idx:
+                        f_ptr[t] += 1
+                    if f_len[t] >= f_ptr[t] + n_units - 1 or f_scan[t] >= k_total:
+                        break
+                    q = f_scan[t]
+                    f_scan[t] += 1
+                    jq = order[q]
+                    if lo[jq] <= t and t <= hi[jq]:
+                        x = f_len[t]
+                        f_pos[t, x] = q
+                        f_cum[t, x + 1] = f_cum[t, x] + exc[jq]
+                        f_len[t] = x + 1
                 p0 = f_ptr[t]
                 p1 = p0 + n_units - 1
-                if p1 > b:
-                    p1 = b
-                pm = f_cum[p1] - f_cum[p0] if p1 > p0 else 0.0
+                if p1 > f_len[t]:
+                    p1 = f_len[t]
+                pm = f_cum[t, p1] - f_cum[t, p0] if p1 > p0 else 0.0
                 val = _imbalance(tc, e, e + pm, n_units) - 1.0 + delay_penalty * t
                 k = 0
             else:
@@ -132,6 +144,21 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
                         km = kk
                         kv = ex[bt, kk]
                 kmin[bt] = km
+            if used[bt] == n_units:
+                r = unit_cap - tk[bt, 0]
+                for kk in range(1, n_units):
+                    if unit_cap - tk[bt, kk] > r:
+                        r = unit_cap - tk[bt, kk]
+                room[bt] = r
+                full = True
+                for t in range(horizon):
+                    if room[t] >= smin[idx + 1]:
+                        full = False
+                        break
+                if full:
+                    for q in range(idx + 1, k_total):
+                        out_t[order[q]] = -1
+                    return
 
 
 def schedule_lumps(exc, size, lo, hi, horizon: int, n_units: int, unit_cap: int, tc: float,

@@ -156,21 +156,17 @@ def simulate_1f1b(fwd, bwd, pp):
 def schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_penalty=0.002):
     """The outlier scheduler of packing.delay, written plainly: heaviest first, each lump to the
     (step, slot) of its window that raises the step's imbalance least; an empty step is valued
-    by the n_units - 1 heaviest later lumps that could join it (summed as differences of prefix
-    sums, as the kernel does, so the two agree to the last bit)."""
+    by the n_units - 1 heaviest later lumps that could join it (summed as differences of the
+    step's prefix sums, from 0 at each step, as the kernel does, so the two agree to the last
+    bit)."""
     def imb(level, total):
         return (tc + level) * n_units / (n_units * tc + total)
 
     K = len(exc)
     order = sorted(range(K), key=lambda j: (-exc[j], j))
     feas = {t: [q for q in range(K) if lo[order[q]] <= t <= hi[order[q]]] for t in range(horizon)}
-    flat = [q for t in range(horizon) for q in feas[t]]
-    cum = np.concatenate([[0.0], np.cumsum([exc[order[q]] for q in flat])])
-    start = {}
-    x = 0
-    for t in range(horizon):
-        start[t] = x
-        x += len(feas[t])
+    cum = {t: np.concatenate([[0.0], np.cumsum([exc[order[q]] for q in feas[t]])])
+           for t in range(horizon)}
     ex = np.zeros((horizon, n_units))
     tk = np.zeros((horizon, n_units), dtype=np.int64)
     has = np.zeros(horizon, dtype=bool)
@@ -181,7 +177,7 @@ def schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pena
         for t in range(lo[j], hi[j] + 1):
             if not has[t]:
                 later = [p for p in range(len(feas[t])) if feas[t][p] > idx][:n_units - 1]
-                pm = cum[start[t] + later[-1] + 1] - cum[start[t] + later[0]] if later else 0.0
+                pm = cum[t][later[-1] + 1] - cum[t][later[0]] if later else 0.0
                 val = imb(e, e + pm) - 1.0 + delay_penalty * t
                 k = 0
             else:

@@ -73,6 +73,25 @@ def test_outlier_scheduler_matches_reference(k, horizon, units, seed):
     assert np.array_equal(got, ref)
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_outlier_scheduler_with_far_more_lumps_than_room_matches_reference(seed):
+    # The look-ahead can show far more lumps than the horizon holds (tiny light documents beside
+    # heavy ones); the scheduler stops once no step has room for the smallest lump left and
+    # lists each step's partner lumps only as far as it reads them: the same schedule.
+    from packing.delay import schedule_lumps
+    from tests.naive import core as naive
+    rng = np.random.default_rng(seed)
+    k = 400
+    exc = np.round(rng.random(k) * 100, 1)
+    size = rng.integers(30, 61, k)
+    lo = rng.integers(0, 3, k)
+    hi = np.minimum(lo + rng.integers(0, 5, k), 4)
+    got = schedule_lumps(exc, size, lo, hi, 5, 4, 100, 100.0)
+    ref = naive.schedule_lumps(exc, size, lo, hi, 5, 4, 100, 100.0)
+    assert np.array_equal(got, ref)
+    assert (got == -1).sum() > k // 2  # most lumps found no room
+
 def test_overdue_lump_holds_room_in_the_schedule():
     # Regression (found by hypothesis): a lump that found no room by its deadline is emitted
     # now, so the outlier scheduler must count it in step 0; the reference once left it out of
