@@ -105,6 +105,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     # items from pos up to ahead_skip[0] are taken or lumps: the token-first step's read-ahead
     # starts past them (balanced_fill._ahead); lowered to pos where pos moves back
     ahead_skip = np.zeros(1, dtype=np.int64)
+    # the token-first step's room structure (balanced_fill: a count tree over rooms
+    # 0..capacity and a stack per room), made once: making it each step cost O(capacity)
+    bp = 1
+    if topup and capacity <= BFD_MAX_CAPACITY:
+        while bp < capacity + 1:
+            bp *= 2
+    bf_tree = np.zeros(2 * bp, dtype=np.int32)
+    bf_head = np.full(bp if bp > 1 else 1, -1, dtype=np.int64)
     light_total = 0
     for i in range(n):
         if not (costs[i] - sizes[i] * cpt > thr):
@@ -476,7 +484,7 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 adopt, bo, bt, bn, fi, fe = _token_first(
                     items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos,
                     max(budget, 1), max_advance, read_ahead, dp, m, capacity, bin_of, tok,
-                    rank_units, lockstep, ahead_skip)
+                    rank_units, lockstep, ahead_skip, bf_tree, bf_head)
                 if adopt:
                     for a in range(fi.shape[0]):
                         if not (costs[fi[a]] - sizes[fi[a]] * cpt > thr):  # lumps: no weight

@@ -92,6 +92,17 @@ def _rooms_pop(tree, head, nxt, p, s):
 
 
 @kernel
+def _rooms_clear(tree, head, p):
+    """Empty the room structure (every count 0, every stack -1) in O(rooms held x log
+    capacity): the structure is made once per plan, not once per step (O(capacity): 24 MB
+    filled a step at a capacity of 1M tokens)."""
+    while tree[1] > 0:
+        r = _first_at_or_after(tree, p, np.int64(0))
+        _tree_add(tree, p, r, np.int64(-tree[p + r]))
+        head[r] = -1
+
+
+@kernel
 def _place(tree, head, nxt, p, s, bin_tokens, bin_count):
     """An item of ``s`` tokens into the fullest bin with room (its room updated in the
     structure, its tokens and count in ``bin_tokens``/``bin_count``): that bin, or -1."""
@@ -281,13 +292,14 @@ def _keep_microbatches(items, ocls, bin_of, bo, lc, bcost, sizes, dp, m, lockste
 @kernel
 def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos, budget,
                  max_advance, read_ahead, dp, m, capacity, bin_of, lpt_tokens, rank_units,
-                 lockstep, skip):
+                 lockstep, skip, tree, head):
     """The token-first packing of a step whose LPT packing (``bin_of``: bin of ``items[t]``,
     -1 not placed; ``lpt_tokens`` its tokens) left holes. ``items``/``order``/``ocls``: the
     step's candidates, their pool slots and priority classes; ``read_ahead``: whether the holes
     may be filled from the stream ahead of ``pos``; ``rank_units``: whole-rank units (else
     microbatch units; ``lockstep``: their ranks wait for each other after every microbatch,
-    :func:`_keep_microbatches`; ``skip``: the read-ahead's state, :func:`_ahead`). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
+    :func:`_keep_microbatches`; ``skip``: the read-ahead's state, :func:`_ahead`; ``tree``,
+    ``head``: an empty room structure for ``capacity``, left empty). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
     candidate, then of every item read ahead; with whole-rank units ranks' bins consecutive),
     ``bin_tokens, bin_count, ahead items, their steps early)``; with ``adopt`` False the step
     keeps LPT's packing and nothing is read ahead."""
@@ -303,11 +315,7 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     bo = np.full(nc + wmax, -1, dtype=np.int64)
     bt = np.zeros(n_bins, dtype=np.int64)
     bn = np.zeros(n_bins, dtype=np.int64)
-    p = 1
-    while p < capacity + 1:
-        p *= 2
-    tree = np.zeros(2 * p, dtype=np.int32)   # the bins' rooms (_Rooms), O(capacity) a step
-    head = np.full(capacity + 1, -1, dtype=np.int64)
+    p = tree.shape[0] // 2  # the bins' rooms: the caller's structure, made once a plan
     nxt = np.empty(n_bins, dtype=np.int64)
     tok = _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bo[:nc], bt, bn)
     fi = np.empty(wmax, dtype=np.int64)
@@ -329,6 +337,7 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
         tok = np.int64(0)  # the fill's items and the exchanges' gains
         for b in range(n_bins):
             tok += bt[b]
+    _rooms_clear(tree, head, p)  # read no more: empty for the next step
     ntot = nc + na
     bo = bo[:ntot]
     if tok <= lpt_tokens:

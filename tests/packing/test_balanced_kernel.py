@@ -413,3 +413,22 @@ def test_short_lumps_beside_tiny_documents_are_read_by_their_tokens(seed):
     a, _ = _kernel_and_reference(sizes, costs, 2, 2, 4096, 4)
     assert a.entry_delay.max() <= 4 + 1
     assert (a.entry_delay > 4).sum() <= 2
+
+
+@given(st.lists(st.integers(1, 200), min_size=0, max_size=40))
+def test_room_structure_is_left_empty_for_the_next_step(rooms):
+    # The token-first step's room structure is made once a plan and emptied after each step
+    # (making it each step cost O(capacity): 24 MB filled a step at a capacity of 1M tokens);
+    # emptied, it equals a fresh one, so the next step's best fit reads no stale room.
+    from packing.balanced_fill import _rooms_clear, _rooms_push
+    cap = 200
+    p = 256
+    tree = np.zeros(2 * p, dtype=np.int32)
+    head = np.full(p, -1, dtype=np.int64)
+    nxt = np.empty(max(len(rooms), 1), dtype=np.int64)
+    for b, r in enumerate(rooms):
+        _rooms_push(tree, head, nxt, np.int64(p), np.int64(b), np.int64(r))
+    assert tree[1] == len(rooms)
+    _rooms_clear(tree, head, np.int64(p))
+    assert not tree.any()
+    assert (head == -1).all() and cap < head.shape[0]
