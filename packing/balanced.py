@@ -158,6 +158,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     f0 += 1
                 while look < n and look_cum - pos_cum < (max_delay + max_advance) * budget:
                     if (costs[look] - sizes[look] * cpt > thr):
+                        # the cut counts from pos: where the intake read past the look-ahead's
+                        # end, the lumps appended since lie before pos (read already)
+                        while f0 < nf and fut[f0] < pos:
+                            f0 += 1
                         if f0 < nf and fut_tok - fut_tok_before[f0] >= look_lump_cap:
                             break
                         fut = _grow(fut, nf + 1)
