@@ -265,6 +265,8 @@ def plan_balanced(sizes, costs, dp, m, capacity, budget, max_delay, *, weights=N
     if max_delay < 1:
         raise ValueError(f"max_delay {max_delay} must be >= 1: an item that does not fit its "
                          "step's capacity moves to the next step")
+    if not lookahead:
+        max_advance = 0  # nothing is read ahead of its turn without the look-ahead (as the kernel)
     n = sizes.shape[0]
     w = sizes if weights is None else np.ascontiguousarray(weights, dtype=np.int64)
     n_units, bpu = (dp, m) if rank_units else (dp * m, 1)

@@ -450,3 +450,21 @@ def test_lookahead_cut_counts_lumps_from_the_stream_position():
     b = naive_balanced.plan_balanced(sizes, costs, 4, 1, 1000, 2000, 1, **kw)
     for f in a._fields:
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+@pytest.mark.parametrize("rank_units", [True, False])
+def test_no_lookahead_reads_nothing_ahead_in_kernel_and_reference(rank_units):
+    # Regression (randomised comparison): without the look-ahead nothing is read ahead of its
+    # turn (packing.stream.plan_balanced passes max_advance 0 to the kernel), but the reference
+    # still read light documents ahead for the token-first step when given max_advance > 0.
+    # The runtime planner plans with lookahead off and the default max_advance (3 x max_delay).
+    rng = np.random.default_rng(7)
+    n = 1500
+    sizes = rng.integers(1, 1001, n).astype(np.int64)
+    costs = sizes + sizes.astype(float) ** 2 / 256
+    kw = dict(rank_units=rank_units, lookahead=False, max_advance=12, tail="carry")
+    a = plan_balanced(sizes, costs, 2, 2, 1000, 4000, 2, **kw)
+    b = naive_balanced.plan_balanced(sizes, costs, 2, 2, 1000, 4000, 2, **kw)
+    for f in a._fields:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert (a.entry_delay >= 0).all()  # nothing read early
