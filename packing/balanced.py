@@ -154,8 +154,6 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
             if pos < n and lookahead:
-                while f0 < nf and fut[f0] < pos:
-                    f0 += 1
                 while look < n and look_cum - pos_cum < (max_delay + max_advance) * budget:
                     if (costs[look] - sizes[look] * cpt > thr):
                         # the cut counts from pos: where the intake read past the look-ahead's

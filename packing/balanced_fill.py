@@ -299,8 +299,9 @@ def _token_first(items, order, ocls, parr, sizes, costs, w, taken, cpt, thr, pos
     may be filled from the stream ahead of ``pos``; ``rank_units``: whole-rank units (else
     microbatch units; ``lockstep``: their ranks wait for each other after every microbatch,
     :func:`_keep_microbatches`; ``skip``: the read-ahead's state, :func:`_ahead`; ``tree``,
-    ``head``: an empty room structure for ``capacity``, left empty). Returns ``(adopt, bins int64[nc + na]`` (the new bin of every
-    candidate, then of every item read ahead; with whole-rank units ranks' bins consecutive),
+    ``head``: an empty room structure for ``capacity``, left empty). Returns ``(adopt, bins
+    int64[nc + na]`` (the new bin of every candidate, then of every item read ahead; with
+    whole-rank units ranks' bins consecutive),
     ``bin_tokens, bin_count, ahead items, their steps early)``; with ``adopt`` False the step
     keeps LPT's packing and nothing is read ahead."""
     n_bins = dp * m

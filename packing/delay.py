@@ -60,8 +60,7 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
     f_len = np.zeros(horizon, dtype=np.int64)  # entries listed for step t
     f_scan = np.zeros(horizon, dtype=np.int64)  # next order position to examine for step t
     f_ptr = np.zeros(horizon, dtype=np.int64)  # first entry after the lump being placed
-    for t in range(horizon):
-        f_cum[t, 0] = 0.0
+    f_cum[:, 0] = 0.0
     # the smallest lump from each position of the order on, and each step's largest room: once
     # no step has room for the smallest lump left, every lump left gets -1 (where the look-ahead
     # shows far more lumps than the horizon holds, most of them) without its window's scan
