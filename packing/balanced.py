@@ -12,6 +12,7 @@ import numpy as np
 
 from ._jit import kernel
 from .balanced_fill import _take_ahead, _token_first
+from .balanced_intake import _count_long, _read_topup, _read_until, _scan_lookahead
 from .binpack import BFD_MAX_CAPACITY
 from .balanced_pool import _compact_pool, _grow, _grow_bool, _grow_float, _grow_pool, _pool_add
 from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
@@ -90,14 +91,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
     # look-ahead: lumps among [pos, look) and the fluid weight read so far
     fut = np.empty(256, dtype=np.int64)
     fut_cum = np.empty(256, dtype=np.int64)
-    nf = 0
-    f0 = 0  # first look-ahead entry not yet read into the pool
-    look = 0
-    look_cum = 0  # fluid weight of [0, look)
+    nf = np.int64(0)  # typed: a literal start compiles callees for Literal[int]
+    f0 = np.int64(0)  # first look-ahead entry not yet read into the pool
+    look = np.int64(0)
+    look_cum = np.int64(0)  # fluid weight of [0, look)
     # the look-ahead's lumps' tokens before each (``fut_tok_before``): lumps from ``pos`` on
     # (read ahead or not) stop at LOOK_LUMP_STEPS times the look-ahead's steps of capacity
     fut_tok_before = np.empty(256, dtype=np.int64)
-    fut_tok = 0
+    fut_tok = np.int64(0)
     look_lump_cap = LOOK_LUMP_STEPS * (max_delay + max_advance + 1) * n_bins * capacity
     pos = np.int64(0)
     pos_cum = 0   # light weight of [0, pos), items read ahead of their turn (taken) included
@@ -154,25 +155,16 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         for it in range(4):
             # ---- schedule lumps (pending + look-ahead) -----------------------------------
             if pos < n and lookahead:
-                while look < n and look_cum - pos_cum < (max_delay + max_advance) * budget:
-                    if (costs[look] - sizes[look] * cpt > thr):
-                        # the cut counts from pos: where the intake read past the look-ahead's
-                        # end, the lumps appended since lie before pos (read already)
-                        while f0 < nf and fut[f0] < pos:
-                            f0 += 1
-                        if f0 < nf and fut_tok - fut_tok_before[f0] >= look_lump_cap:
-                            break
-                        fut = _grow(fut, nf + 1)
-                        fut_cum = _grow(fut_cum, nf + 1)
-                        fut_tok_before = _grow(fut_tok_before, nf + 1)
-                        fut[nf] = look
-                        fut_cum[nf] = look_cum
-                        fut_tok_before[nf] = fut_tok
-                        fut_tok += sizes[look]
-                        nf += 1
-                    else:
-                        look_cum += w[look]
-                    look += 1
+                while True:
+                    look, look_cum, nf, f0, fut_tok, full = _scan_lookahead(
+                        sizes, costs, w, cpt, thr, look, look_cum,
+                        pos_cum + (max_delay + max_advance) * budget, pos, fut, fut_cum,
+                        fut_tok_before, nf, f0, fut_tok, look_lump_cap)
+                    if not full:
+                        break
+                    fut = _grow(fut, nf + 1)
+                    fut_cum = _grow(fut_cum, nf + 1)
+                    fut_tok_before = _grow(fut_tok_before, nf + 1)
             now = _grow_bool(now, np_)
             for q in range(nls):
                 now[ls[q]] = pos >= n
@@ -230,10 +222,10 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                         if lt[q] == 0:
                             now[lpool[q]] = True
                     if max_advance > 0:
+                        pull = _grow(pull, nl - n_pending)  # (npull is 0: grown out of the loop)
+                        pull_est = _grow(pull_est, nl - n_pending)
                         for q in range(n_pending, nl):
                             if lt[q] == 0:
-                                pull = _grow(pull, npull + 1)
-                                pull_est = _grow(pull_est, npull + 1)
                                 pull[npull] = -1 - lpool[q]
                                 pull_est[npull] = lest[q]
                                 npull += 1
@@ -335,12 +327,11 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             break
         # ---- look-ahead lumps scheduled now are read ahead of their turn -------------------
         if pos < n:
+            pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + npull, nls + npull)
             for q in range(npull):
                 i = pull[q]
                 if i >= pos and not taken[i]:
                     taken[i] = True
-                    if np_ >= pool.shape[0] or nls >= ls.shape[0]:
-                        pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                     # delay = -(steps read early)
                     nls = _pool_add(pool, parr, now, ls, np_, nls, i, step + pull_est[q],
                                     np.bool_(True), np.bool_(True))
@@ -356,6 +347,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 k = ls[q]
                 if now[k] or step - parr[k] >= max_delay:
                     nc += 1
+            if nc < n_bins:  # room for what this reads (no growing in the loop)
+                pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + n_bins - nc,
+                                                 nls + n_bins - nc)
             while pos < n and nc < n_bins:
                 if max_advance > 0 and taken[pos]:
                     if not (costs[pos] - sizes[pos] * cpt > thr):  # read ahead: counted now
@@ -363,8 +357,6 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                         ahead_w -= w[pos]
                     pos += 1
                     continue
-                if np_ >= pool.shape[0] or nls >= ls.shape[0]:
-                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
                 lump = (costs[pos] - sizes[pos] * cpt > thr)
                 nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, np.bool_(True), lump)
                 if not lump:
@@ -444,33 +436,23 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
             if hole * 400 <= n_bins * capacity:
                 break
             n1 = np_
-            got = 0
+            got = np.int64(0)
             nlong = _count_long(pool, np_, sizes, capacity)
-            lump_tok = 0
+            lump_tok = np.int64(0)
             for q in range(nls):
                 lump_tok += sizes[pool[ls[q]]]
             while (pos < n and got < hole and nlong < LONG_TOPUP_STEPS * n_bins
                    and lump_tok < LUMP_TOPUP_STEPS * n_bins * capacity):
-                if max_advance > 0 and taken[pos]:
-                    if not (costs[pos] - sizes[pos] * cpt > thr):  # read ahead: counted now
-                        pos_cum += w[pos]
-                        ahead_w -= w[pos]
-                    pos += 1
-                    continue
-                if np_ >= pool.shape[0] or nls >= ls.shape[0]:
-                    pool, parr, now, ls = _grow_pool(pool, parr, now, ls, np_ + 1, nls + 1)
-                lump = (costs[pos] - sizes[pos] * cpt > thr)
-                nls = _pool_add(pool, parr, now, ls, np_, nls, pos, step, np.bool_(False), lump)
-                if 2 * sizes[pos] > capacity:
-                    nlong += 1
-                if lump:
-                    lump_tok += sizes[pos]
-                else:
-                    got += w[pos]
-                    pos_cum += w[pos]
-                    fluid_w += w[pos]
-                np_ += 1
-                pos += 1
+                # room for a chunk at a time (balanced_intake: no growing in a per-item loop)
+                lim = np_ + _CHUNK
+                pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
+                pos, np_, nls, got, nlong, lump_tok, g, gt = _read_topup(
+                    sizes, costs, w, taken, cpt, thr, pos, np_, lim, nls, step, pool, parr,
+                    now, ls, capacity, hole, got, nlong, LONG_TOPUP_STEPS * n_bins, lump_tok,
+                    LUMP_TOPUP_STEPS * n_bins * capacity)
+                pos_cum += g + gt  # taken light items passed: read ahead, counted now
+                ahead_w -= gt
+                fluid_w += g
         if tail_break:
             break
         # a token budget of the whole capacity: a step LPT left with holes is packed for tokens
@@ -520,53 +502,3 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
         np_, nls, fluid_w, pool_long, pool_lump_tok = _compact_pool(
             pool, parr, ls, np_, placed, sizes, costs, w, cpt, thr, capacity)
     return ne, mb_counts[:nmb].copy(), step_mbs[:step].copy(), pool[:np_].copy(), parr[:np_].copy()
-
-
-@kernel
-def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step, pool, parr,
-                now, ls, capacity, long_room, lump_room):
-    """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room)
-    until the light weight passed reaches ``need``, ``long_room`` items longer than half the
-    ``capacity`` were read or the lumps read reach ``lump_room`` tokens, skipping items
-    ``taken`` (read ahead; empty array: none; a light one's weight counts as passed); arrival
-    ``step``, not going now. Returns (pos, np_, nls, light weight read, light weight of the
-    taken items skipped, long items read, the lumps' tokens read)."""
-    n = sizes.shape[0]
-    got = 0
-    skipped = 0
-    longs = 0
-    lump_tok = 0
-    adv = taken.shape[0] > 0
-    while pos < n and got + skipped < need and np_ < lim:
-        lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
-        if adv and taken[pos]:
-            if not lump:
-                skipped += w[pos]
-            pos += 1
-            continue
-        pool[np_] = pos
-        parr[np_] = step
-        now[np_] = False
-        if lump:
-            ls[nls] = np_
-            nls += 1
-            lump_tok += sizes[pos]
-        else:
-            got += w[pos]
-        np_ += 1
-        pos += 1
-        if 2 * sizes[pos - 1] > capacity:
-            longs += 1
-        if longs >= long_room or lump_tok >= lump_room:
-            break
-    return pos, np_, nls, got, skipped, longs, lump_tok
-
-
-@kernel
-def _count_long(pool, np_, sizes, capacity):
-    """How many of the items in pool slots ``0..np_-1`` are longer than half ``capacity``."""
-    c = 0
-    for k in range(np_):
-        if 2 * sizes[pool[k]] > capacity:
-            c += 1
-    return c
