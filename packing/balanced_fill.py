@@ -48,6 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
+from .argsort import _argsort_int
 from .balanced_pool import _grow_pool, _pool_add
 from .balanced_step import _fill_empty_bins, _lockstep_time, _rank_of_bins
 from .binpack import _first_at_or_after, _tree_add
@@ -139,7 +140,8 @@ def _bfd_bins(items, cls, arr, sizes, capacity, tree, head, nxt, p, bin_of, bin_
             key[t] = (1 << 61) + (arr[t] - lo) * (capacity + 1) + (capacity - s)
         else:
             key[t] = ((1 + cls[t]) << 61) + (capacity - s)
-    o = np.argsort(key, kind="mergesort")
+    o = np.empty(nc, dtype=np.int64)
+    _argsort_int(key, o)  # np.argsort(key, kind="mergesort"), in linear time
     placed = 0
     for q in range(nc):
         t = o[q]
@@ -196,7 +198,8 @@ def _ahead(sizes, costs, w, taken, cpt, thr, pos, budget, max_advance, capacity,
     key = np.empty(nc, dtype=np.int64)
     for t in range(nc):
         key[t] = capacity - sizes[cand[t]]
-    o = np.argsort(key, kind="mergesort")
+    o = np.empty(nc, dtype=np.int64)
+    _argsort_int(key, o)  # np.argsort(key, kind="mergesort"), in linear time
     na = 0
     for j in range(nc):
         t = o[j]

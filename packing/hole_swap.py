@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import kernel
+from .argsort import _argsort_int
 
 
 @kernel
@@ -71,7 +72,8 @@ def _hole_swaps(items, stay, bo, sizes, costs, w, taken, cpt, thr, pos, budget, 
     cs = np.empty(m, dtype=np.int64)
     for t in range(m):
         cs[t] = sizes[cand[t]]
-    o = np.argsort(cs, kind="mergesort")
+    o = np.empty(m, dtype=np.int64)
+    _argsort_int(cs, o)  # np.argsort(cs, kind="mergesort"), in linear time
     ss = np.empty(m, dtype=np.int64)  # sizes ascending
     for t in range(m):
         ss[t] = cs[o[t]]
