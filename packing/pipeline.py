@@ -46,17 +46,29 @@ def _simulate_1f1b(fwd, bwd, pp, busy_out):
     m = fwd.shape[0]
     if m == 0:
         return 0.0
-    f_end = np.full((pp, m), -1.0)
-    b_end = np.full((pp, m), -1.0)
+    sim = _new_sim(pp, m)
+    return _simulate_with(fwd, bwd, pp, busy_out, sim)
+
+
+@kernel
+def _new_sim(pp, m):
+    """Scratch of :func:`_simulate_with` for ``pp`` stages and ``m`` microbatches: the order in
+    which the event-by-event simulation runs the ops (stage, kind 0 forward / 1 backward,
+    microbatch; int64[2 m pp] each; which op can run next depends on which ran, never on
+    durations, so the order is the same for every duration) and the ops' end times."""
     kinds = np.empty((pp, 2 * m), dtype=np.int64)
     mbs = np.empty((pp, 2 * m), dtype=np.int64)
     nops = np.empty(pp, dtype=np.int64)
     for s in range(pp):
         nops[s] = _stage_ops(s, pp, m, kinds[s], mbs[s])
-    nxt = np.zeros(pp, dtype=np.int64)
-    clock = np.zeros(pp)
-    done = 0
     total = 2 * m * pp
+    seq_s = np.empty(total, dtype=np.int64)
+    seq_k = np.empty(total, dtype=np.int64)
+    seq_j = np.empty(total, dtype=np.int64)
+    f_done = np.zeros((pp, m), dtype=np.bool_)
+    b_done = np.zeros((pp, m), dtype=np.bool_)
+    nxt = np.zeros(pp, dtype=np.int64)
+    done = 0
     while done < total:
         progressed = False
         for s in range(pp):
@@ -64,26 +76,50 @@ def _simulate_1f1b(fwd, bwd, pp, busy_out):
                 k = kinds[s, nxt[s]]
                 j = mbs[s, nxt[s]]
                 if k == 0:
-                    dep = 0.0 if s == 0 else f_end[s - 1, j]
-                    dur = fwd[j]
+                    ready = s == 0 or f_done[s - 1, j]
                 else:
-                    dep = f_end[s, j] if s == pp - 1 else b_end[s + 1, j]
-                    dur = bwd[j]
-                if dep < 0.0:
+                    ready = f_done[s, j] if s == pp - 1 else b_done[s + 1, j]
+                if not ready:
                     break
-                start = clock[s] if clock[s] > dep else dep
-                end = start + dur
                 if k == 0:
-                    f_end[s, j] = end
+                    f_done[s, j] = True
                 else:
-                    b_end[s, j] = end
-                clock[s] = end
-                busy_out[s] += dur
+                    b_done[s, j] = True
+                seq_s[done] = s
+                seq_k[done] = k
+                seq_j[done] = j
                 nxt[s] += 1
                 done += 1
                 progressed = True
         if not progressed:
-            return -1.0  # unreachable for a valid 1F1B order
+            raise ValueError("no valid 1F1B op order")  # unreachable: 1F1B always runs
+    return seq_s, seq_k, seq_j, np.empty((pp, m)), np.empty((pp, m)), np.empty(pp)
+
+
+@kernel
+def _simulate_with(fwd, bwd, pp, busy_out, sim):
+    """:func:`_simulate_1f1b` with the op order of ``sim`` (:func:`_new_sim` for this pp and
+    m), the same arithmetic in the same order: a search that simulates many orders of one
+    rank's microbatches makes the order once and runs a straight loop over it."""
+    seq_s, seq_k, seq_j, f_end, b_end, clock = sim
+    clock[:] = 0.0
+    for q in range(seq_s.shape[0]):
+        s = seq_s[q]
+        j = seq_j[q]
+        if seq_k[q] == 0:
+            dep = 0.0 if s == 0 else f_end[s - 1, j]
+            dur = fwd[j]
+        else:
+            dep = f_end[s, j] if s == pp - 1 else b_end[s + 1, j]
+            dur = bwd[j]
+        start = clock[s] if clock[s] > dep else dep
+        end = start + dur
+        if seq_k[q] == 0:
+            f_end[s, j] = end
+        else:
+            b_end[s, j] = end
+        clock[s] = end
+        busy_out[s] += dur
     mx = 0.0
     for s in range(pp):
         if clock[s] > mx:
@@ -154,13 +190,14 @@ def _pipeline_order(cost, pp, swap_limit, out):
     f = np.empty(m)
     b = np.empty(m)
     busy = np.zeros(pp)
+    sim = _new_sim(pp, m)  # made once: the search below simulates up to ~m^2 orders
 
     def makespan(order):
         for j in range(m):
             f[j] = cost[order[j]]
             b[j] = 2.0 * cost[order[j]]
         busy[:] = 0.0
-        return _simulate_1f1b(f, b, pp, busy)
+        return _simulate_with(f, b, pp, busy, sim)
 
     # start from the best of mountain, ascending and descending
     best = makespan(out)

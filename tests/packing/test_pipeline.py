@@ -37,6 +37,17 @@ def test_matches_reference(pp, ops):
     assert np.allclose(busy, f.sum() + b.sum())
 
 
+
+@given(st.integers(1, 6), st.lists(st.tuples(st.floats(0, 10), st.floats(0, 10)),
+                                   min_size=1, max_size=12))
+def test_replayed_op_order_equals_reference_exactly(pp, ops):
+    # the kernel replays the op order found once (it never depends on durations, zero ones
+    # included) with the reference's arithmetic: the same makespan to the last bit
+    f = np.array([a for a, _ in ops])
+    b = np.array([c for _, c in ops])
+    t, _ = simulate_1f1b(f, b, pp)
+    assert t == naive.simulate_1f1b(f.tolist(), b.tolist(), pp)
+
 def test_rank_step_times_layout():
     # 2 steps, dp=2, m=2 then m=1
     mb_f = np.array([1, 1, 2, 2, 5, 1.0])
