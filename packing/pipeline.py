@@ -46,16 +46,22 @@ def _simulate_1f1b(fwd, bwd, pp, busy_out):
     m = fwd.shape[0]
     if m == 0:
         return 0.0
-    sim = _new_sim(pp, m)
-    return _simulate_with(fwd, bwd, pp, busy_out, sim)
+    dur = np.empty(2 * m)
+    dur[:m] = fwd
+    dur[m:] = bwd
+    return _simulate_with(dur, pp, busy_out, _new_sim(pp, m))
 
 
 @kernel
 def _new_sim(pp, m):
-    """Scratch of :func:`_simulate_with` for ``pp`` stages and ``m`` microbatches: the order in
-    which the event-by-event simulation runs the ops (stage, kind 0 forward / 1 backward,
-    microbatch; int64[2 m pp] each; which op can run next depends on which ran, never on
-    durations, so the order is the same for every duration) and the ops' end times."""
+    """Scratch of :func:`_simulate_with` for ``pp`` stages and ``m`` microbatches: the ops in
+    the order the event-by-event simulation runs them (which op can run next depends on which
+    ran, never on durations, so the order is the same for every duration), each as flat
+    indices (int64[2 m pp] each): its stage, its duration (``k * m + j`` for kind ``k``, 0
+    forward / 1 backward, of microbatch ``j``) and the end times it waits for (slot ``1 + q`` of
+    op ``q`` in that order; slot 0 is 0.0): the previous op of its stage and the op it depends
+    on. Returns (stage, duration, previous, dependency, every stage's last end slot int64[pp],
+    end times float64[2 m pp + 1])."""
     kinds = np.empty((pp, 2 * m), dtype=np.int64)
     mbs = np.empty((pp, 2 * m), dtype=np.int64)
     nops = np.empty(pp, dtype=np.int64)
@@ -63,10 +69,12 @@ def _new_sim(pp, m):
         nops[s] = _stage_ops(s, pp, m, kinds[s], mbs[s])
     total = 2 * m * pp
     seq_s = np.empty(total, dtype=np.int64)
-    seq_k = np.empty(total, dtype=np.int64)
-    seq_j = np.empty(total, dtype=np.int64)
-    f_done = np.zeros((pp, m), dtype=np.bool_)
-    b_done = np.zeros((pp, m), dtype=np.bool_)
+    seq_d = np.empty(total, dtype=np.int64)
+    seq_prev = np.empty(total, dtype=np.int64)
+    seq_dep = np.empty(total, dtype=np.int64)
+    f_slot = np.zeros((pp, m), dtype=np.int64)  # end slot of a done op (0: not done)
+    b_slot = np.zeros((pp, m), dtype=np.int64)
+    last = np.zeros(pp, dtype=np.int64)  # end slot of the stage's last op run
     nxt = np.zeros(pp, dtype=np.int64)
     done = 0
     while done < total:
@@ -76,54 +84,48 @@ def _new_sim(pp, m):
                 k = kinds[s, nxt[s]]
                 j = mbs[s, nxt[s]]
                 if k == 0:
-                    ready = s == 0 or f_done[s - 1, j]
+                    dep = 0 if s == 0 else f_slot[s - 1, j]
+                    ready = s == 0 or dep > 0
                 else:
-                    ready = f_done[s, j] if s == pp - 1 else b_done[s + 1, j]
+                    dep = f_slot[s, j] if s == pp - 1 else b_slot[s + 1, j]
+                    ready = dep > 0
                 if not ready:
                     break
-                if k == 0:
-                    f_done[s, j] = True
-                else:
-                    b_done[s, j] = True
                 seq_s[done] = s
-                seq_k[done] = k
-                seq_j[done] = j
+                seq_d[done] = k * m + j
+                seq_prev[done] = last[s]
+                seq_dep[done] = dep
+                last[s] = done + 1
+                if k == 0:
+                    f_slot[s, j] = done + 1
+                else:
+                    b_slot[s, j] = done + 1
                 nxt[s] += 1
                 done += 1
                 progressed = True
         if not progressed:
             raise ValueError("no valid 1F1B op order")  # unreachable: 1F1B always runs
-    return seq_s, seq_k, seq_j, np.empty((pp, m)), np.empty((pp, m)), np.empty(pp)
+    return seq_s, seq_d, seq_prev, seq_dep, last, np.zeros(total + 1)
 
 
 @kernel
-def _simulate_with(fwd, bwd, pp, busy_out, sim):
-    """:func:`_simulate_1f1b` with the op order of ``sim`` (:func:`_new_sim` for this pp and
-    m), the same arithmetic in the same order: a search that simulates many orders of one
-    rank's microbatches makes the order once and runs a straight loop over it."""
-    seq_s, seq_k, seq_j, f_end, b_end, clock = sim
-    clock[:] = 0.0
+def _simulate_with(dur, pp, busy_out, sim):
+    """:func:`_simulate_1f1b` of the durations ``dur`` (float64[2m]: the forwards, then the
+    backwards) in the op order of ``sim`` (:func:`_new_sim` for this pp and m): every op
+    starts at the later of its stage's previous end and its dependency's end, the same
+    arithmetic as the event-by-event loop, in a straight loop (a search that simulates many
+    orders of one rank's microbatches makes ``sim`` once)."""
+    seq_s, seq_d, seq_prev, seq_dep, last, ends = sim
     for q in range(seq_s.shape[0]):
-        s = seq_s[q]
-        j = seq_j[q]
-        if seq_k[q] == 0:
-            dep = 0.0 if s == 0 else f_end[s - 1, j]
-            dur = fwd[j]
-        else:
-            dep = f_end[s, j] if s == pp - 1 else b_end[s + 1, j]
-            dur = bwd[j]
-        start = clock[s] if clock[s] > dep else dep
-        end = start + dur
-        if seq_k[q] == 0:
-            f_end[s, j] = end
-        else:
-            b_end[s, j] = end
-        clock[s] = end
-        busy_out[s] += dur
+        a = ends[seq_prev[q]]
+        b = ends[seq_dep[q]]
+        d = dur[seq_d[q]]
+        ends[q + 1] = (a if a > b else b) + d
+        busy_out[seq_s[q]] += d
     mx = 0.0
     for s in range(pp):
-        if clock[s] > mx:
-            mx = clock[s]
+        if ends[last[s]] > mx:
+            mx = ends[last[s]]
     return mx
 
 
@@ -187,17 +189,16 @@ def _pipeline_order(cost, pp, swap_limit, out):
         k += 1
     if pp <= 1 or m < 3:
         return
-    f = np.empty(m)
-    b = np.empty(m)
+    dur = np.empty(2 * m)  # forwards, then backwards
     busy = np.zeros(pp)
     sim = _new_sim(pp, m)  # made once: the search below simulates up to ~m^2 orders
 
     def makespan(order):
         for j in range(m):
-            f[j] = cost[order[j]]
-            b[j] = 2.0 * cost[order[j]]
+            dur[j] = cost[order[j]]
+            dur[m + j] = 2.0 * cost[order[j]]
         busy[:] = 0.0
-        return _simulate_with(f, b, pp, busy, sim)
+        return _simulate_with(dur, pp, busy, sim)
 
     # start from the best of mountain, ascending and descending
     best = makespan(out)
