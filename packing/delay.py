@@ -69,7 +69,9 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
     for q in range(k_total - 1, -1, -1):
         sq = size[order[q]]
         smin[q] = sq if sq < smin[q + 1] else smin[q + 1]
-    room = np.full(horizon, unit_cap, dtype=np.int64)  # the largest room of a unit of step t
+    # the largest room of a unit of step t (kept once every unit holds a lump): a lump larger
+    # skips the step without a scan of its units (long documents, one a unit: most lumps)
+    room = np.full(horizon, unit_cap, dtype=np.int64)
     for idx in range(k_total):
         j = order[idx]
         e = exc[j]
@@ -105,6 +107,8 @@ def _schedule_lumps(exc, size, lo, hi, horizon, n_units, unit_cap, tc, delay_pen
                 k = -1
                 if used[t] < n_units:
                     k = used[t]
+                elif room[t] < size[j]:
+                    continue  # no unit of the full step has room (not scanned for each lump)
                 elif tk[t, kmin[t]] + size[j] <= unit_cap:
                     k = kmin[t]  # the least loaded slot (ties: lowest index) has room
                 else:

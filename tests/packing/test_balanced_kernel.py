@@ -92,6 +92,28 @@ def test_outlier_scheduler_with_far_more_lumps_than_room_matches_reference(seed)
     assert (got == -1).sum() > k // 2  # most lumps found no room
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_outlier_scheduler_skips_full_steps_by_their_largest_room(seed):
+    # Long lumps, one a unit, fill every step; light small lumps placed last still fit the
+    # rooms left, so the scheduler does not stop early and the long lumps left over skip the
+    # full steps by the largest room kept for each (no scan of its units): the same schedule.
+    from packing.delay import schedule_lumps
+    from tests.naive import core as naive
+    rng = np.random.default_rng(seed)
+    k_long, k_small = 120, 40
+    exc = np.concatenate([50 + np.round(rng.random(k_long) * 50, 1),
+                          np.round(rng.random(k_small) * 5, 1)])
+    size = np.concatenate([rng.integers(55, 101, k_long), rng.integers(1, 20, k_small)])
+    k = k_long + k_small
+    lo = rng.integers(0, 5, k)
+    hi = np.minimum(lo + rng.integers(0, 5, k), 4)
+    got = schedule_lumps(exc, size, lo, hi, 5, 8, 100, 100.0)
+    ref = naive.schedule_lumps(exc, size, lo, hi, 5, 8, 100, 100.0)
+    assert np.array_equal(got, ref)
+    assert (got[:k_long] == -1).sum() > k_long // 2  # most long lumps found every step full
+    assert (got[k_long:] >= 0).any()  # while small ones still found room
+
 def test_overdue_lump_holds_room_in_the_schedule():
     # Regression (found by hypothesis): a lump that found no room by its deadline is emitted
     # now, so the outlier scheduler must count it in step 0; the reference once left it out of
