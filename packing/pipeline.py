@@ -135,14 +135,22 @@ def _rank_times(mb_fwd, mb_bwd, step_start, step_mbs, dp, pp, times, bubble):
     (``bubble``: 1 - busy / (pp * makespan)). Stage durations are microbatch costs / pp."""
     n_steps = step_mbs.shape[0]
     busy = np.zeros(pp)
+    sim_m = np.int64(-1)  # the op order is made again only where a step's count changes
+    sim = _new_sim(pp, np.int64(0))
+    dur = np.empty(0)
     for st in range(n_steps):
         m = step_mbs[st]
+        if m != sim_m:
+            sim = _new_sim(pp, m)
+            dur = np.empty(2 * m)
+            sim_m = m
         for r in range(dp):
             a = step_start[st] + r * m
-            f = mb_fwd[a:a + m] / pp
-            b = mb_bwd[a:a + m] / pp
+            for j in range(m):
+                dur[j] = mb_fwd[a + j] / pp
+                dur[m + j] = mb_bwd[a + j] / pp
             busy[:] = 0.0
-            t = _simulate_1f1b(f, b, pp, busy)
+            t = _simulate_with(dur, pp, busy, sim) if m > 0 else 0.0
             times[st, r] = t
             bubble[st, r] = 1.0 - busy.sum() / (pp * t) if t > 0 else 0.0
 
