@@ -40,19 +40,6 @@ def _stage_ops(s, pp, m, kind, mb):
 
 
 @kernel
-def _simulate_1f1b(fwd, bwd, pp, busy_out):
-    """``fwd``/``bwd`` float64[m]: per-stage durations of each microbatch (the same on every
-    stage). Returns the makespan; ``busy_out[s]`` gets stage s's busy time."""
-    m = fwd.shape[0]
-    if m == 0:
-        return 0.0
-    dur = np.empty(2 * m)
-    dur[:m] = fwd
-    dur[m:] = bwd
-    return _simulate_with(dur, pp, busy_out, _new_sim(pp, m))
-
-
-@kernel
 def _new_sim(pp, m):
     """Scratch of :func:`_simulate_with` for ``pp`` stages and ``m`` microbatches: the ops in
     the order the event-by-event simulation runs them (which op can run next depends on which
@@ -110,11 +97,11 @@ def _new_sim(pp, m):
 
 @kernel
 def _simulate_with(dur, pp, busy_out, sim):
-    """:func:`_simulate_1f1b` of the durations ``dur`` (float64[2m]: the forwards, then the
-    backwards) in the op order of ``sim`` (:func:`_new_sim` for this pp and m): every op
-    starts at the later of its stage's previous end and its dependency's end, the same
-    arithmetic as the event-by-event loop, in a straight loop (a search that simulates many
-    orders of one rank's microbatches makes ``sim`` once)."""
+    """The 1F1B makespan of the per-stage durations ``dur`` (float64[2m]: the forwards, then
+    the backwards; ``busy_out[s]`` gets stage s's busy time added) in the op order of ``sim``
+    (:func:`_new_sim` for this pp and m): every op starts at the later of its stage's previous
+    end and its dependency's end, the arithmetic of an event-by-event simulation, in a straight
+    loop (a search that simulates many orders of one rank's microbatches makes ``sim`` once)."""
     seq_s, seq_d, seq_prev, seq_dep, last, ends = sim
     for q in range(seq_s.shape[0]):
         a = ends[seq_prev[q]]
@@ -159,8 +146,14 @@ def simulate_1f1b(fwd, bwd, pp: int):
     """Makespan and per-stage busy time of one rank's microbatches (per-stage durations)."""
     fwd = np.ascontiguousarray(fwd, dtype=np.float64)
     bwd = np.ascontiguousarray(bwd, dtype=np.float64)
+    if fwd.shape != bwd.shape or fwd.ndim != 1:
+        raise ValueError(f"fwd and bwd must be 1-D of one length, got {fwd.shape} and {bwd.shape}")
     busy = np.zeros(int(pp))
-    t = float(_simulate_1f1b(fwd, bwd, np.int64(pp), busy))
+    m = fwd.shape[0]
+    if m == 0:
+        return 0.0, busy
+    dur = np.concatenate([fwd, bwd])
+    t = float(_simulate_with(dur, np.int64(pp), busy, _new_sim(np.int64(pp), np.int64(m))))
     return t, busy
 
 
