@@ -12,7 +12,7 @@ import numpy as np
 
 from ._jit import kernel
 from .balanced_fill import _take_ahead, _token_first
-from .balanced_intake import _count_long, _read_topup, _read_until, _scan_lookahead
+from .balanced_intake import _count_long, _read_until, _scan_lookahead
 from .binpack import BFD_MAX_CAPACITY
 from .balanced_pool import _compact_pool, _grow, _grow_bool, _grow_float, _grow_pool, _pool_add
 from .balanced_step import (_bin_positions, _emit_step, _fill_empty_bins, _new_scratch,
@@ -277,9 +277,9 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                     pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
                     # ``now`` of a new lump is set by the next round's schedule before any read
                     pos, np_, nls, g, gt, gl, glt = _read_until(
-                        sizes, costs, w, taken, cpt, thr, pos, need - got, np_, lim, nls, step,
-                        pool, parr, now, ls, capacity, LONG_READ_STEPS * n_bins - nlong,
-                        lump_tok_cap - lump_tok)
+                        sizes, costs, w, taken, cpt, thr, pos, need - got, np.bool_(True), np_,
+                        lim, nls, step, pool, parr, now, ls, capacity,
+                        LONG_READ_STEPS * n_bins - nlong, lump_tok_cap - lump_tok)
                     nlong += gl
                     lump_tok += glt
                     got += g + gt  # items read ahead count as read: the stream's weight
@@ -446,10 +446,14 @@ def _plan_balanced_kernel(sizes, costs, w, dp, m, capacity, budget, lump_budget,
                 # room for a chunk at a time (balanced_intake: no growing in a per-item loop)
                 lim = np_ + _CHUNK
                 pool, parr, now, ls = _grow_pool(pool, parr, now, ls, lim, nls + _CHUNK)
-                pos, np_, nls, got, nlong, lump_tok, g, gt = _read_topup(
-                    sizes, costs, w, taken, cpt, thr, pos, np_, lim, nls, step, pool, parr,
-                    now, ls, capacity, hole, got, nlong, LONG_TOPUP_STEPS * n_bins, lump_tok,
-                    LUMP_TOPUP_STEPS * n_bins * capacity)
+                pos, np_, nls, g, gt, gl, glt = _read_until(
+                    sizes, costs, w, taken, cpt, thr, pos, hole - got, np.bool_(False), np_,
+                    lim, nls, step, pool, parr, now, ls, capacity,
+                    LONG_TOPUP_STEPS * n_bins - nlong,
+                    LUMP_TOPUP_STEPS * n_bins * capacity - lump_tok)
+                got += g
+                nlong += gl
+                lump_tok += glt
                 pos_cum += g + gt  # taken light items passed: read ahead, counted now
                 ahead_w -= gt
                 fluid_w += g

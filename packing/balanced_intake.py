@@ -1,6 +1,6 @@
-"""The ``balanced`` planner's reads of the stream (:mod:`packing.balanced`): the intake's read into
-the pool (:func:`_read_until`) and the look-ahead's scan for the lumps ahead of the stream's
-position (:func:`_scan_lookahead`).
+"""The ``balanced`` planner's reads of the stream (:mod:`packing.balanced`): the intake's and the
+top-up's read into the pool (:func:`_read_until`) and the look-ahead's scan for the lumps ahead
+of the stream's position (:func:`_scan_lookahead`).
 
 Arrays are grown by the caller, between calls, never inside a per-item loop: a loop that
 re-binds an array (``a = _grow(a, k)``) pays numba's reference counting on every iteration,
@@ -46,21 +46,25 @@ def _scan_lookahead(sizes, costs, w, cpt, thr, look, look_cum, lim_cum, pos, fut
 
 
 @kernel
-def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step, pool, parr,
-                now, ls, capacity, long_room, lump_room):
-    """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room)
-    until the light weight passed reaches ``need``, ``long_room`` items longer than half the
-    ``capacity`` were read or the lumps read reach ``lump_room`` tokens, skipping items
-    ``taken`` (read ahead; empty array: none; a light one's weight counts as passed); arrival
-    ``step``, not going now. Returns (pos, np_, nls, light weight read, light weight of the
-    taken items skipped, long items read, the lumps' tokens read)."""
+def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, count_passed, np_, lim, nls, step,
+                pool, parr, now, ls, capacity, long_room, lump_room):
+    """Read stream items from ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room;
+    arrival ``step``, not going now) while the light weight read (with ``count_passed``, plus
+    the light weight of the taken items passed) is below ``need``, fewer than ``long_room``
+    items longer than half the ``capacity`` were read and the lumps read hold fewer than
+    ``lump_room`` tokens (every limit checked before each item). Items ``taken`` (read ahead;
+    empty array: none) are passed. The intake reads so (``count_passed``: items read ahead
+    count as the stream's weight), and the top-up of a step packed with holes (its hole in
+    light items read). Returns (pos, np_, nls, light weight read, light weight of the taken
+    items passed, long items read, the lumps' tokens read)."""
     n = sizes.shape[0]
     got = 0
     skipped = 0
     longs = 0
     lump_tok = 0
     adv = taken.shape[0] > 0
-    while pos < n and got + skipped < need and np_ < lim:
+    while (pos < n and np_ < lim and longs < long_room and lump_tok < lump_room
+           and got + (skipped if count_passed else 0) < need):
         lump = costs[pos] - sizes[pos] * cpt > thr  # a lump: heavy beyond the tolerance
         if adv and taken[pos]:
             if not lump:
@@ -76,12 +80,10 @@ def _read_until(sizes, costs, w, taken, cpt, thr, pos, need, np_, lim, nls, step
             lump_tok += sizes[pos]
         else:
             got += w[pos]
+        if 2 * sizes[pos] > capacity:
+            longs += 1
         np_ += 1
         pos += 1
-        if 2 * sizes[pos - 1] > capacity:
-            longs += 1
-        if longs >= long_room or lump_tok >= lump_room:
-            break
     return pos, np_, nls, got, skipped, longs, lump_tok
 
 
@@ -93,41 +95,3 @@ def _count_long(pool, np_, sizes, capacity):
         if 2 * sizes[pool[k]] > capacity:
             c += 1
     return c
-
-
-@kernel
-def _read_topup(sizes, costs, w, taken, cpt, thr, pos, np_, lim, nls, step, pool, parr, now,
-                ls, capacity, hole, got, nlong, long_cap, lump_tok, lump_cap):
-    """The top-up's read (:mod:`packing.balanced`, a step packed with holes): stream items from
-    ``pos`` into pool slots ``np_..lim-1`` (the pool arrays have room), not going now, while
-    the light weight read, ``got``, is below ``hole``, fewer than ``long_cap`` items longer
-    than half the ``capacity`` are in the pool (``nlong``) and its lumps hold fewer than
-    ``lump_cap`` tokens (``lump_tok``); items ``taken`` (read ahead; empty array: none) are
-    passed, a light one's weight counted as read past. Returns (pos, np_, nls, got, nlong,
-    lump_tok, the light weight read, the light weight of the taken items passed)."""
-    n = sizes.shape[0]
-    adv = taken.shape[0] > 0
-    read_w = 0
-    skipped = 0
-    while pos < n and got < hole and nlong < long_cap and lump_tok < lump_cap and np_ < lim:
-        lump = costs[pos] - sizes[pos] * cpt > thr
-        if adv and taken[pos]:
-            if not lump:
-                skipped += w[pos]
-            pos += 1
-            continue
-        pool[np_] = pos
-        parr[np_] = step
-        now[np_] = False
-        if lump:
-            ls[nls] = np_
-            nls += 1
-            lump_tok += sizes[pos]
-        else:
-            got += w[pos]
-            read_w += w[pos]
-        if 2 * sizes[pos] > capacity:
-            nlong += 1
-        np_ += 1
-        pos += 1
-    return pos, np_, nls, got, nlong, lump_tok, read_w, skipped

@@ -4,7 +4,7 @@ plain scan reads."""
 import numpy as np
 from hypothesis import given, strategies as st
 
-from packing.balanced_intake import _read_topup, _scan_lookahead
+from packing.balanced_intake import _read_until, _scan_lookahead
 from packing.balanced_pool import _grow, _grow_bool
 
 
@@ -61,42 +61,54 @@ def test_lookahead_scan_grown_between_calls_equals_one_plain_scan(seed, n, lim_c
 
 
 @given(st.integers(0, 2**16), st.integers(1, 3000), st.integers(1, 64), st.integers(0, 10**5),
-       st.integers(0, 40), st.integers(0, 20000), st.booleans())
-def test_topup_read_in_chunks_equals_one_read(seed, n, chunk, hole, long_cap, lump_cap, adv):
+       st.integers(0, 40), st.integers(0, 20000), st.booleans(), st.booleans())
+def test_pool_read_in_chunks_equals_one_read(seed, n, chunk, need, long_cap, lump_cap, adv,
+                                             count_passed):
     sizes, costs, taken = _stream(seed, n)
     if not adv:
         taken = np.zeros(0, np.bool_)
     cpt, thr, capacity = 1.0, 100.0, 1500
 
     def read(step_room):
+        # as the planner calls it: room for a chunk, then a call with the limits left
         pool = np.empty(1, np.int64)
         parr = np.empty(1, np.int64)
         now = np.ones(1, np.bool_)
         ls = np.empty(1, np.int64)
-        pos, np_, nls, got, nlong, lump_tok, light, passed = (np.int64(0),) * 8
-        while (pos < n and got < hole and nlong < long_cap and lump_tok < lump_cap):
+        pos, np_, nls, light, passed, longs, lump_tok = (np.int64(0),) * 7
+
+        def counted():
+            return light + (passed if count_passed else 0)
+
+        while pos < n and counted() < need and longs < long_cap and lump_tok < lump_cap:
             lim = np_ + step_room
             pool, parr, ls = _grow(pool, lim), _grow(parr, lim), _grow(ls, nls + step_room)
             now = _grow_bool(now, lim)
-            pos, np_, nls, got, nlong, lump_tok, g, gt = _read_topup(
-                sizes, costs, sizes, taken, cpt, thr, pos, np_, lim, nls, np.int64(7), pool,
-                parr, now, ls, np.int64(capacity), np.int64(hole), got, nlong,
-                np.int64(long_cap), lump_tok, np.int64(lump_cap))
+            pos, np_, nls, g, gt, gl, glt = _read_until(
+                sizes, costs, sizes, taken, cpt, thr, pos, np.int64(need - counted()),
+                np.bool_(count_passed), np_, lim, nls, np.int64(7), pool, parr, now, ls,
+                np.int64(capacity), np.int64(long_cap - longs), np.int64(lump_cap - lump_tok))
             light += g
             passed += gt
+            longs += gl
+            lump_tok += glt
         return (int(pos), pool[:np_].tolist(), parr[:np_].tolist(), now[:np_].tolist(),
-                ls[:nls].tolist(), int(got), int(nlong), int(lump_tok), int(light), int(passed))
+                ls[:nls].tolist(), int(light), int(passed), int(longs), int(lump_tok))
 
     one = read(n + 1)
     assert read(chunk) == one
-    pos, pool, parr, now, ls, got, nlong, lump_tok, light, passed = one
+    pos, pool, parr, now, ls, light, passed, longs, lump_tok = one
     lump = costs - sizes * cpt > thr
     # every item before pos read once, in order, unless taken (passed, a light one counted)
     skip = taken[:pos] if adv else np.zeros(pos, np.bool_)
     assert pool == np.flatnonzero(~skip).tolist()
     assert parr == [7] * len(pool) and not any(now)
     assert ls == [k for k, i in enumerate(pool) if lump[i]]
-    assert light == got == int(sizes[pool][~lump[pool]].sum())
+    assert light == int(sizes[pool][~lump[pool]].sum())
     assert passed == int(sizes[:pos][skip & ~lump[:pos]].sum())
-    assert nlong == int((2 * sizes[pool] > capacity).sum())
+    assert longs == int((2 * sizes[pool] > capacity).sum())
     assert lump_tok == int(sizes[pool][lump[pool]].sum())
+    # it stopped at the first limit reached (or the stream's end)
+    if pos < n:
+        assert (light + (passed if count_passed else 0) >= need or longs >= long_cap
+                or lump_tok >= lump_cap)
