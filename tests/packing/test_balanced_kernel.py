@@ -92,7 +92,6 @@ def test_outlier_scheduler_with_far_more_lumps_than_room_matches_reference(seed)
     assert (got == -1).sum() > k // 2  # most lumps found no room
 
 
-
 @pytest.mark.parametrize("seed", range(4))
 def test_outlier_scheduler_skips_full_steps_by_their_largest_room(seed):
     # Long lumps, one a unit, fill every step; light small lumps placed last still fit the
@@ -113,6 +112,7 @@ def test_outlier_scheduler_skips_full_steps_by_their_largest_room(seed):
     assert np.array_equal(got, ref)
     assert (got[:k_long] == -1).sum() > k_long // 2  # most long lumps found every step full
     assert (got[k_long:] >= 0).any()  # while small ones still found room
+
 
 def test_overdue_lump_holds_room_in_the_schedule():
     # Regression (found by hypothesis): a lump that found no room by its deadline is emitted
