@@ -33,6 +33,7 @@ def _packing_kernels() -> None:
     from packing.gather import take3
     from packing.partition import balanced_equal, kk, kk_equal, lpt_equal
     from packing.pipeline import rank_step_times
+    from packing.segments import add_segment_sums
     from packing.steppack import pack_step
     from packing.stream import plan_balanced
     sizes = np.array([3, 1, 2, 2], dtype=np.int64)
@@ -47,6 +48,9 @@ def _packing_kernels() -> None:
     expand_pieces(np.arange(4), sizes, 2)
     take3(np.arange(4), sizes, sizes, sizes)  # a chunked plan's entries
     pass_costs(sizes, 1.0, 1.0, 1.0)
+    # microbatch sums of a cost model with attention terms or a formula of the protocol (a
+    # plain CostModel's take packing.doc_cost's one pass, which the plans below compile)
+    add_segment_sums(costs, np.array([0, 2, 4], dtype=np.int64), 0, np.zeros(2))
     rank_step_times(costs, costs, np.array([2, 2]), 1, 2)
     from .order import block_order, permutation_order
     block_order(5000, 0, 0, np.arange(5000, dtype=np.int64))  # PlannerConfig.order='blocks'
