@@ -39,3 +39,14 @@ def test_efficiency_limit_and_lower_bound_gap_per_strategy(tmp_path, capsys):
     b = doc["strategies"]["balanced"]
     seq = doc["strategies"]["sequential"]
     assert b["lower_bound_ratio"]["mean"] < seq["lower_bound_ratio"]["mean"]
+
+
+def test_speed_reports_the_ratio_of_minima():
+    """The speed line's figures: medians of paired ratios (wall and CPU) and the best plan over
+    the best argsort, each strategy timed ``repeats`` times next to its own argsort."""
+    sp = bench.speed(3000, 64, 4, 32768, 2)
+    assert sp["argsort_seconds_min"] <= sp["argsort_seconds"]
+    for v in sp["strategies"].values():
+        assert 0 < v["plan_seconds_min"] <= v["plan_seconds"]
+        assert v["ratio_of_minima"] == v["plan_seconds_min"] / sp["argsort_seconds_min"]
+        assert v["ratio_to_argsort"] > 0 and v["cpu_ratio_to_argsort"] > 0
