@@ -2,7 +2,9 @@
 compiled loop. The values are those of the numpy expression ``a * lf * lf + b * lf`` (``lf`` the
 lengths as float64) with ``d`` added when it is not zero, bit for bit: the same operations in
 the same order (numba fuses no multiply-add without fastmath), without the expression's five
-full-length temporaries, which made per-document costs a tenth of a 1M-sample plan."""
+full-length temporaries, which made per-document costs a tenth of a 1M-sample plan. Also, for
+``balancer.cost.blocks``, a cost model's forward plus backward per document and its forward and
+backward sums per microbatch, each in one loop over the lengths with the same arithmetic."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,15 +13,33 @@ from ._jit import kernel
 
 
 @kernel
+def _doc_pass(lf, a, b, d):
+    """One pass's cost of a document of ``lf`` tokens (float64): the numpy expression's
+    operations in its order (every kernel here computes a cost through this one)."""
+    v = a * lf * lf + b * lf
+    if d != 0.0:
+        v += d
+    return v
+
+
+@kernel
+def _doc_fwd_bwd(lf, fwd, bwd, recompute):
+    """``(forward, backward)`` of a document of ``lf`` tokens (``fwd``, ``bwd``: float64[3], a
+    pass's ``a, b, d``); with ``recompute`` the backward adds the forward, as
+    ``CostModel.doc_costs`` does."""
+    f = _doc_pass(lf, fwd[0], fwd[1], fwd[2])
+    b = _doc_pass(lf, bwd[0], bwd[1], bwd[2])
+    if recompute:
+        b = b + f
+    return f, b
+
+
+@kernel
 def _pass_costs(lengths, a, b, d, out):
     """``out[i] = a * L * L + b * L (+ d when d != 0)`` for ``L = float(lengths[i])``
     (``lengths`` int64[n], ``out`` float64[n]); an overflow gives inf, as numpy does."""
     for i in range(lengths.shape[0]):
-        lf = np.float64(lengths[i])
-        v = a * lf * lf + b * lf
-        if d != 0.0:
-            v += d
-        out[i] = v
+        out[i] = _doc_pass(np.float64(lengths[i]), a, b, d)
 
 
 def pass_costs(lengths, a: float, b: float, d: float = 0.0) -> np.ndarray:
@@ -35,16 +55,6 @@ def pass_costs(lengths, a: float, b: float, d: float = 0.0) -> np.ndarray:
 
 
 @kernel
-def _doc_pass(lf, a, b, d):
-    """One pass's cost of a document of ``lf`` tokens (float64), as :func:`_pass_costs` takes
-    it: the same operations in the same order."""
-    v = a * lf * lf + b * lf
-    if d != 0.0:
-        v += d
-    return v
-
-
-@kernel
 def _total_costs(lengths, fwd, bwd, recompute, limit, out):
     """``out[i]`` = forward + backward cost of ``lengths[i]`` (``fwd``, ``bwd``: float64[3],
     a pass's ``a, b, d``; with ``recompute`` the backward adds the forward first), the values
@@ -57,11 +67,7 @@ def _total_costs(lengths, fwd, bwd, recompute, limit, out):
         n = lengths[i]
         if n < 1 or n > limit:
             return False
-        lf = np.float64(n)
-        f = _doc_pass(lf, fwd[0], fwd[1], fwd[2])
-        b = _doc_pass(lf, bwd[0], bwd[1], bwd[2])
-        if recompute:
-            b = b + f
+        f, b = _doc_fwd_bwd(np.float64(n), fwd, bwd, recompute)
         v = f + b
         out[i] = v
         total += v
@@ -90,11 +96,7 @@ def _microbatch_sums(lengths, offsets, fwd, bwd, recompute, limit, const_f, cons
             k = lengths[e]
             if k < 1 or k > limit:
                 return False
-            lf = np.float64(k)
-            f = _doc_pass(lf, fwd[0], fwd[1], fwd[2])
-            b = _doc_pass(lf, bwd[0], bwd[1], bwd[2])
-            if recompute:
-                b = b + f
+            f, b = _doc_fwd_bwd(np.float64(k), fwd, bwd, recompute)
             sf += f
             sb += b
         mb_f[j] = sf + const_f
