@@ -122,8 +122,10 @@ def _rank_times(mb_fwd, mb_bwd, step_start, step_mbs, dp, pp, times, bubble):
     (``bubble``: 1 - busy / (pp * makespan)). Stage durations are microbatch costs / pp."""
     n_steps = step_mbs.shape[0]
     busy = np.zeros(pp)
-    sim_m = np.int64(-1)  # the op order is made again only where a step's count changes
-    sim = _new_sim(pp, np.int64(0))
+    # the op order, made again only where a step's microbatch count changes (0 to start: an
+    # order with no op, whose makespan is 0)
+    sim_m = np.int64(0)
+    sim = _new_sim(pp, sim_m)
     dur = np.empty(0)
     for st in range(n_steps):
         m = step_mbs[st]
@@ -137,7 +139,7 @@ def _rank_times(mb_fwd, mb_bwd, step_start, step_mbs, dp, pp, times, bubble):
                 dur[j] = mb_fwd[a + j] / pp
                 dur[m + j] = mb_bwd[a + j] / pp
             busy[:] = 0.0
-            t = _simulate_with(dur, pp, busy, sim) if m > 0 else 0.0
+            t = _simulate_with(dur, pp, busy, sim)
             times[st, r] = t
             bubble[st, r] = 1.0 - busy.sum() / (pp * t) if t > 0 else 0.0
 
@@ -149,11 +151,8 @@ def simulate_1f1b(fwd, bwd, pp: int):
     if fwd.shape != bwd.shape or fwd.ndim != 1:
         raise ValueError(f"fwd and bwd must be 1-D of one length, got {fwd.shape} and {bwd.shape}")
     busy = np.zeros(int(pp))
-    m = fwd.shape[0]
-    if m == 0:
-        return 0.0, busy
-    dur = np.concatenate([fwd, bwd])
-    t = float(_simulate_with(dur, np.int64(pp), busy, _new_sim(np.int64(pp), np.int64(m))))
+    sim = _new_sim(np.int64(pp), np.int64(fwd.shape[0]))
+    t = float(_simulate_with(np.concatenate([fwd, bwd]), np.int64(pp), busy, sim))
     return t, busy
 
 

@@ -66,7 +66,8 @@ def _scatter(n, bits, bucket_key, values, with_values, out, out_values):
     shift = np.uint64(63 - bits)  # then one more: two shifts of < 64 bits (bits 0: bucket 0)
     # the buckets kept (2 bytes a position: MAX_BITS <= 16), not drawn again for the scatter:
     # the draws in a loop of their own, free of the counts' stores (1M positions, best of 21:
-    # 6.3-9.4 -> 5.4-6.7 ms)
+    # 6.3-9.4 -> 4.5-6.7 ms where the output's memory is reused; where it is fresh, its page
+    # faults take most of the ~14 ms either way)
     bucket = np.empty(n, dtype=np.uint16)
     for i in range(n):
         bucket[i] = _bucket(bucket_key, i, shift)
@@ -102,7 +103,7 @@ def _shuffle_buckets(start, swap_key, with_values, out, out_values):
         return
     # with values, a bucket's (position, value) pairs are shuffled side by side in a scratch
     # copy: a swap then touches one cache line where the two arrays took two (1M positions,
-    # best of 21: 10.2-14.4 -> 5.1-8.5 ms, the copies in and out included)
+    # best of 21: 10.2-14.4 -> 4.9-8.5 ms, the copies in and out included)
     largest = 0
     for b in range(start.shape[0] - 1):
         largest = max(largest, start[b + 1] - start[b])

@@ -48,6 +48,18 @@ def test_rank_step_times_layout():
     assert np.allclose(bubble, 0)
 
 
+def test_no_microbatches_take_no_time():
+    # a rank with no microbatch, alone or as a step of 0 between steps of 2 (the op order of
+    # each count is made once and reused)
+    t, busy = simulate_1f1b(np.zeros(0), np.zeros(0), 3)
+    assert t == 0.0 and busy.tolist() == [0.0, 0.0, 0.0]
+    mb_f = np.array([1, 2, 3, 4.0])
+    times, bubble = rank_step_times(mb_f, 2 * mb_f, np.array([1, 0, 1]), 2, 2)
+    assert times[1].tolist() == [0.0, 0.0] and bubble[1].tolist() == [0.0, 0.0]
+    # one microbatch on 2 stages: forward c / 2 on each, then backward c on each: 3 c
+    assert times[0].tolist() == [3.0, 6.0] and times[2].tolist() == [9.0, 12.0]
+
+
 def test_pipeline_order_close_to_best_permutation():
     import itertools
 
